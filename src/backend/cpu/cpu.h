@@ -1,0 +1,67 @@
+// Shared helpers of the CPU kernels: OpenMP parallel loops, runtime-dispatched vector clones,
+// bf16 conversion, and a vectorisable exp.
+#pragma once
+#include <omp.h>
+
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+
+// Compiles the function for AVX-512 (x86-64-v4), AVX2 (v3) and the baseline; the loader picks
+// the best one for the running CPU.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define MYRIAD_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MYRIAD_CPU_CLONES
+#endif
+
+namespace myriad::cpu {
+
+// Runs f(begin, end) over [0, n) in parallel chunks of at least `grain` items.
+template <class F>
+void parallel_for(int64_t n, int64_t grain, F&& f) {
+  if (n <= 0) return;
+  int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t chunks = std::min<int64_t>(max_threads, (n + grain - 1) / std::max<int64_t>(grain, 1));
+  if (chunks <= 1) {
+    f(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel for num_threads(chunks) schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
+    f(b, e);
+  }
+}
+
+inline float bf16_load(uint16_t h) {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
+inline uint16_t bf16_store(float f) {  // round to nearest even (NaN inputs are not expected)
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// exp(x) in f32 to ~2 ulp, branch-free so loops over it vectorise: exp(x) = 2^n * exp(r) with
+// r = x - n ln2 (Cody-Waite) and a degree-6 polynomial for exp(r).
+inline float fast_exp(float x) {
+  x = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
+  float n = __builtin_roundf(x * 1.44269504088896341f);
+  float r = x - n * 0.693145751953125f;
+  r = r - n * 1.42860682030941723e-6f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(e);
+}
+
+}  // namespace myriad::cpu

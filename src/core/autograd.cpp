@@ -1,0 +1,134 @@
+#include "core/autograd.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+namespace myriad {
+namespace {
+thread_local bool g_grad_enabled = true;
+AddFn g_add = nullptr;
+}  // namespace
+
+bool grad_enabled() {
+  return g_grad_enabled;
+}
+void set_grad_enabled(bool on) {
+  g_grad_enabled = on;
+}
+void set_grad_add_fn(AddFn fn) {
+  g_add = fn;
+}
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor* t : inputs)
+    if (t && t->defined() && (t->requires_grad() || t->grad_fn())) return true;
+  return false;
+}
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && (t.requires_grad() || t.grad_fn())) return true;
+  return false;
+}
+
+void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  if (!needs_grad(inputs)) return;
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->out_shape = out.shape();
+  node->out_dtype = out.dtype();
+  node->out_device = out.device();
+  node->inputs.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    Node::Edge e;
+    if (t.defined()) {
+      if (t.grad_fn())
+        e.node = t.grad_fn();
+      else if (t.requires_grad())
+        e.leaf = t.impl_ptr();
+    }
+    node->inputs.push_back(std::move(e));
+  }
+  node->backward = std::move(fn);
+  out.impl().grad_fn = std::move(node);
+  out.impl().requires_grad = true;
+}
+
+static void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
+  MYRIAD_CHECK(g.shape() == leaf.shape, "backward: gradient of shape ", shape_str(g.shape()),
+               " for a leaf of shape ", shape_str(leaf.shape));
+  Tensor gl = g.dtype() == leaf.dtype ? g : g.to(leaf.dtype);
+  if (!leaf.grad) {
+    // A copy: the gradient may alias a tensor the caller holds, and optimizers edit .grad in place.
+    leaf.grad = (gl.same(g) ? g.clone() : gl).impl_ptr();
+    return;
+  }
+  MYRIAD_CHECK(g_add, "backward: no add kernel registered");
+  leaf.grad = g_add(Tensor(leaf.grad), gl).impl_ptr();
+}
+
+void run_backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
+  NoGradGuard no_grad;
+  MYRIAD_CHECK(root.requires_grad(), "backward: tensor ", root.desc(),
+               " does not require grad and has no recorded history");
+  if (!root.grad_fn()) {  // a leaf: its gradient is the seed
+    accumulate_into_leaf(root.impl(), seed);
+    return;
+  }
+  // Count, for every node reachable from the root, how many edges point at it.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack{root.grad_fn().get()};
+  std::unordered_set<Node*> seen{stack.back()};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->inputs) {
+      if (!e.node) continue;
+      ++deps[e.node.get()];
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  std::unordered_map<Node*, Tensor> grads;
+  grads[root.grad_fn().get()] = seed;
+  std::vector<std::shared_ptr<Node>> ready{root.grad_fn()};
+  while (!ready.empty()) {
+    std::shared_ptr<Node> n = std::move(ready.back());
+    ready.pop_back();
+    Tensor g = std::move(grads[n.get()]);
+    grads.erase(n.get());
+    MYRIAD_CHECK(n->backward, "use of a released tensor: backward through '", n->name,
+                 "' a second time, but its saved tensors were released after the first pass "
+                 "(pass retain_graph=true to keep them)");
+    MYRIAD_CHECK(g.shape() == n->out_shape, "backward of '", n->name, "': gradient has shape ",
+                 shape_str(g.shape()), " but the output had shape ", shape_str(n->out_shape));
+    std::vector<Tensor> in_grads = n->backward(g);
+    MYRIAD_CHECK(in_grads.size() == n->inputs.size(), "backward of '", n->name, "' returned ",
+                 in_grads.size(), " gradients for ", n->inputs.size(), " inputs");
+    if (!retain_graph) n->backward = nullptr;
+    for (size_t i = 0; i < in_grads.size(); ++i) {
+      auto& e = n->inputs[i];
+      Tensor& gi = in_grads[i];
+      if (e.leaf) {
+        if (gi.defined()) accumulate_into_leaf(*e.leaf, gi);
+        continue;
+      }
+      if (!e.node) continue;
+      if (gi.defined()) {
+        auto it = grads.find(e.node.get());
+        if (it == grads.end() || !it->second.defined())
+          grads[e.node.get()] = gi;
+        else
+          it->second = g_add(it->second, gi);
+      }
+      if (--deps[e.node.get()] == 0) {
+        if (!grads[e.node.get()].defined())  // nothing flowed in: a zero gradient
+          grads[e.node.get()] =
+              Tensor::zeros(e.node->out_shape, e.node->out_dtype, e.node->out_device);
+        ready.push_back(e.node);
+      }
+    }
+  }
+}
+
+}  // namespace myriad

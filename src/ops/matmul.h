@@ -1,0 +1,38 @@
+// Matrix products on the GEMM backend (oneDNN on the CPU, cuBLASLt on CUDA). f32 and bf16
+// (bf16 inputs, f32 accumulation, bf16 output); f64 through the reference.
+#pragma once
+#include "core/tensor.h"
+#include "ops/dispatch.h"
+
+namespace myriad::ops {
+
+// [M, K] x [K, N] -> [M, N]; with batch dims, [..., M, K] x [..., K, N] (batch dims broadcast;
+// a 2-d operand is shared by every batch).
+Tensor matmul(const Tensor& a, const Tensor& b);
+// [B, M, K] x [B, K, N] -> [B, M, N].
+Tensor bmm(const Tensor& a, const Tensor& b);
+// x [..., in] . W[out, in]^T + bias[out] -> [..., out]  (PyTorch's nn.Linear).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = {});
+
+// ---- kernel ----
+// C[b] = alpha * op(A[b]) op(B[b]) + beta * C[b] for b < batch, row-major, with op = transpose
+// when trans_*; lda/ldb/ldc are row strides, stride_* the batch strides (0 broadcasts). A, B,
+// C share a dtype; accumulation is f32 or wider.
+struct GemmArgs {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  DType dtype = DType::F32;
+  Device device;
+};
+using GemmKernel = void (*)(const GemmArgs& args);
+KernelTable<GemmKernel>& gemm_kernels();
+// Runs the GEMM kernel for args.device / args.dtype (used by matmul and by fused ops).
+void gemm(const GemmArgs& args);
+
+}  // namespace myriad::ops

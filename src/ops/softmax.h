@@ -1,0 +1,18 @@
+// Softmax and log-softmax along one dimension, statistics in f32 or wider.
+#pragma once
+#include "core/tensor.h"
+#include "ops/dispatch.h"
+
+namespace myriad::ops {
+
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+
+// ---- kernels: rows of a contiguous [rows, n] tensor ----
+using SoftmaxKernel = void (*)(const Tensor& x, Tensor& y, bool log);
+// gx = y * (gy - sum(gy * y)) for softmax; gx = gy - exp(y) * sum(gy) for log-softmax.
+using SoftmaxBackwardKernel = void (*)(const Tensor& y, const Tensor& gy, Tensor& gx, bool log);
+KernelTable<SoftmaxKernel>& softmax_kernels();
+KernelTable<SoftmaxBackwardKernel>& softmax_backward_kernels();
+
+}  // namespace myriad::ops
