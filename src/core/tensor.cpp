@@ -233,6 +233,8 @@ void Tensor::zero_grad() {
 }
 
 void Tensor::backward(const Tensor& seed, bool retain_graph) const {
+  MYRIAD_CHECK(requires_grad(), "backward: tensor ", desc(),
+               " does not require grad and has no recorded history");
   Tensor s = seed;
   if (!s.defined()) {
     MYRIAD_CHECK(numel() == 1, "backward: a seed gradient is needed for non-scalar ", desc());

@@ -5,6 +5,7 @@
 
 namespace myriad::ops {
 
+// out[..., i, ...] = sum_{j <= i} x[..., j, ...] along dim; the backward is the reverse scan.
 Tensor cumsum(const Tensor& x, int64_t dim);
 
 // ---- kernel: x, out contiguous, read as [outer, n, inner]; reverse scans from the end ----

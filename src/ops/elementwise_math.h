@@ -1,12 +1,21 @@
-// Scalar formulas of the element-wise ops, shared by the reference and optimised CPU kernels.
+// Scalar formulas of the element-wise ops, shared by the reference, CPU and CUDA kernels.
 #pragma once
 #include <algorithm>
 #include <cmath>
 
+// Host and device under nvcc (the CUDA kernels call these formulas); plain functions elsewhere.
+#if defined(__CUDACC__)
+#define MYRIAD_HD __host__ __device__
+// elementwise.h declares these templates host-only; nvcc warns when they become host-device.
+#pragma nv_diag_suppress 20040
+#else
+#define MYRIAD_HD
+#endif
+
 namespace myriad::ops {
 
 template <class T>
-inline T apply_binary(BinaryOp op, T a, T b) {
+MYRIAD_HD inline T apply_binary(BinaryOp op, T a, T b) {
   switch (op) {
     case BinaryOp::Add:
       return a + b;
@@ -29,14 +38,14 @@ inline T apply_binary(BinaryOp op, T a, T b) {
 }
 
 template <class T>
-inline T stable_sigmoid(T x) {
+MYRIAD_HD inline T stable_sigmoid(T x) {
   if (x >= T(0)) return T(1) / (T(1) + std::exp(-x));
   T e = std::exp(x);
   return e / (T(1) + e);
 }
 
 template <class T>
-inline T apply_unary(UnaryOp op, T x) {
+MYRIAD_HD inline T apply_unary(UnaryOp op, T x) {
   switch (op) {
     case UnaryOp::Neg:
       return -x;
@@ -67,7 +76,7 @@ inline T apply_unary(UnaryOp op, T x) {
 }
 
 template <class T>
-inline T unary_derivative(UnaryOp op, T x, T y) {
+MYRIAD_HD inline T unary_derivative(UnaryOp op, T x, T y) {
   switch (op) {
     case UnaryOp::Neg:
       return T(-1);
@@ -100,3 +109,7 @@ inline T unary_derivative(UnaryOp op, T x, T y) {
 }
 
 }  // namespace myriad::ops
+
+#if defined(__CUDACC__)
+#pragma nv_diag_default 20040
+#endif

@@ -1,6 +1,7 @@
-// Indexing: gather, scatter-add, index-select, embedding lookup. Indices are i32 or i64 and are
-// bounds-checked on every backend (an out-of-range index raises an error naming the op, the
-// index and the bound).
+// Indexing: gather, scatter-add, index-select/index-add, embedding lookup (torch semantics).
+// Indices are i32 or i64 and are bounds-checked in the op layer on every backend (CUDA indices
+// are copied to the host for the check): an out-of-range index raises an error naming the op, the
+// index and the bound. Negative indices are out of range.
 #pragma once
 #include "core/tensor.h"
 #include "ops/dispatch.h"
@@ -8,22 +9,30 @@
 namespace myriad::ops {
 
 // out[i][j][k] = x[i][idx[i][j][k]][k] for dim = 1 (torch.gather); idx has x's rank and the
-// output's shape; every dimension but `dim` must be <= x's.
+// output's shape; every dimension but `dim` must be <= x's. Differentiable in x.
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& idx);
-// Returns base + the scatter of src: out[i][idx[i][j][k]][k] += src[i][j][k] for dim = 1.
+// Returns base + the scatter of src: out[i][idx[i][j][k]][k] += src[i][j][k] for dim = 1
+// (torch.scatter_add). idx has base's rank, is no larger than src in any dimension and no larger
+// than base outside `dim`; duplicate indices accumulate. Differentiable in base and src.
 Tensor scatter_add(const Tensor& base, int64_t dim, const Tensor& idx, const Tensor& src);
-// Rows of x along dim picked by a 1-d idx.
+// Slices of x along dim picked by a 1-d (or 0-d) idx. Differentiable in x.
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& idx);
+// Returns base with src's slices added at the positions idx names along dim (torch.index_add):
+// src has base's shape except idx.numel() along dim. Differentiable in base and src.
+Tensor index_add(const Tensor& base, int64_t dim, const Tensor& idx, const Tensor& src);
 // weight [V, D], ids of any shape -> [..., D]; backward scatter-adds into a [V, D] gradient.
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 
 // ---- kernels (contiguous operands; the op layer checks shapes and index bounds) ----
-// x, idx and out viewed as [outer, n_x, inner] / [outer, n_idx, inner] with idx broadcast the
-// torch.gather way; these cover gather, scatter_add and index_select.
+// x / out, and the scatter's out / src, are read as [outer, n, inner] around `dim`, where
+// outer and inner agree between the two. idx comes in one of two forms, told apart by its size:
+//   - the shape of the gathered out / of src (gather, scatter_add): one index per element;
+//   - 1-d with one index per slice along dim (index_select, index_add), when its numel differs.
 using GatherKernel = void (*)(const Tensor& x, int64_t dim, const Tensor& idx, Tensor& out);
 // out (already holding base) += scatter of src.
 using ScatterAddKernel = void (*)(Tensor& out, int64_t dim, const Tensor& idx, const Tensor& src);
-// out [n, D] = weight[ids[n]]; and grad_w [V, D] += scatter of grad_out [n, D].
+// out [n, D] = weight[ids[n]] (ids flattened to [n]); and grad_w [V, D] += scatter of
+// grad_out [n, D] (duplicate ids accumulate).
 using EmbeddingKernel = void (*)(const Tensor& weight, const Tensor& ids, Tensor& out);
 using EmbeddingBackwardKernel = void (*)(const Tensor& grad_out, const Tensor& ids, Tensor& grad_w);
 KernelTable<GatherKernel>& gather_kernels();

@@ -9,10 +9,13 @@ namespace myriad::ops {
 // x [..., n], weight [n] (or undefined for no weight).
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps);
 
-// ---- kernels: x contiguous [rows, n]; rstd f32 [rows] saved for the backward ----
+// ---- kernels: x, y contiguous [rows, n]; weight [n] or undefined; rstd [rows] (f32, f64 for
+// f64 x) = 1 / sqrt(mean(x²) + eps), saved for the backward ----
 using RmsNormKernel = void (*)(const Tensor& x, const Tensor& weight, double eps, Tensor& y,
                                Tensor& rstd);
-// gw may be undefined when weight is; gw is overwritten (not accumulated).
+// gx = rstd * (g - x̂ * mean(g * x̂)) with g = gy * weight (the cast of x̂ passes the gradient
+// straight through); gw = sum over rows of gy * cast(x̂). gw is undefined when weight is, and is
+// overwritten (not accumulated).
 using RmsNormBackwardKernel = void (*)(const Tensor& x, const Tensor& weight, const Tensor& rstd,
                                        const Tensor& gy, Tensor& gx, Tensor& gw);
 KernelTable<RmsNormKernel>& rms_norm_kernels();

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs every Debian package Myriad needs to build, test and benchmark. Idempotent: installs
+# only what is missing, so a second run costs a few dpkg queries.
+set -euo pipefail
+PKGS=(cmake ninja-build g++ ccache clang-format pkg-config
+      libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: all ${#PKGS[@]} packages present"
+fi
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "install-deps: CUDA toolkit found; the CUDA backend will be built"
+else
+  echo "install-deps: no CUDA toolkit; building the CPU backend only"
+fi

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command: installs dependencies, builds the release preset (CUDA backend included when
+# nvcc is present; its tests run when a GPU is visible and print as skipped otherwise), runs every
+# test, then rebuilds CPU-only with AddressSanitizer + UBSan and runs the tests again.
+# MYRIAD_SKIP_ASAN=1 skips the sanitizer pass.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+jobs=${MYRIAD_JOBS:-2}
+
+echo "== release build =="
+cmake --preset release >/dev/null
+cmake --build --preset release -j "$jobs"
+ctest --preset release -j "$jobs"
+
+if [ "${MYRIAD_SKIP_ASAN:-0}" != 1 ]; then
+  echo "== AddressSanitizer + UBSan build =="
+  cmake --preset debug-asan >/dev/null
+  cmake --build --preset debug-asan -j "$jobs"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset debug-asan -j "$jobs"
+fi

@@ -1,0 +1,194 @@
+// Core: dtypes, devices, allocator, tensors and views, autograd mechanics, random numbers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/autograd.h"
+#include "core/random.h"
+#include "ops/ops.h"
+
+namespace myriad {
+namespace {
+
+template <class F>
+void expect_error(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error mentioning " << parts.at(0);
+  } catch (const Error& e) {
+    for (const auto& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+  }
+}
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f)), 1.0f);
+  // 1 + 2^-8 is exactly halfway between two bf16 values: ties go to the even mantissa (1.0).
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 0x1p-8f)), 1.0f);
+  EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 0x1p-8f + 0x1p-12f)), 1.0f + 0x1p-7f);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::infinity()))));
+}
+
+TEST(DType, F16RoundTripAndLimits) {
+  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f, 0.1f})
+    EXPECT_NEAR(f16_to_f32(f32_to_f16(v)), v, std::abs(v) * 1e-3 + 1e-8) << v;
+  EXPECT_TRUE(std::isinf(f16_to_f32(f32_to_f16(70000.0f))));
+  EXPECT_EQ(f16_to_f32(f32_to_f16(5.960464477539063e-08f)),
+            5.960464477539063e-08f);        // min subnormal
+  for (uint32_t h = 0; h < 0x7c00; h += 7)  // every finite half survives f16 -> f32 -> f16
+    EXPECT_EQ(f32_to_f16(f16_to_f32(static_cast<uint16_t>(h))), h);
+  EXPECT_EQ(dtype_from_name("bf16"), DType::BF16);
+  expect_error([] { dtype_from_name("f8"); }, {"unknown dtype", "f8"});
+}
+
+TEST(DeviceParse, NamesAndErrors) {
+  EXPECT_EQ(Device::parse("cpu"), kCPU);
+  EXPECT_EQ(Device::parse("cuda:3"), cuda(3));
+  EXPECT_EQ(Device::parse("cuda"), cuda(0));
+  expect_error([] { Device::parse("gpu"); }, {"unknown device", "gpu"});
+  expect_error([] { Device::parse("cuda:x"); }, {"cuda:x"});
+}
+
+TEST(Allocator, CpuArenaReusesBlocks) {
+  Allocator& a = allocator_for(DeviceType::CPU);
+  a.empty_cache();
+  AllocatorStats s0 = a.stats();
+  { Tensor t = Tensor::empty({1000, 1000}); }
+  AllocatorStats s1 = a.stats();
+  { Tensor t = Tensor::empty({1000, 1000}); }  // same size class: served from the cache
+  AllocatorStats s2 = a.stats();
+  EXPECT_EQ(s1.os_allocs, s0.os_allocs + 1);
+  EXPECT_EQ(s2.os_allocs, s1.os_allocs);
+  EXPECT_EQ(s2.in_use, s0.in_use);
+  EXPECT_GE(s2.peak, s0.in_use + 4000000);
+  Tensor t = Tensor::empty({3});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64, 0u);
+}
+
+TEST(Allocator, MissingBackendNamesDevice) {
+  if (has_allocator(DeviceType::CUDA)) GTEST_SKIP() << "a CUDA device is present";
+  expect_error([] { Tensor::empty({2}, DType::F32, cuda(0)); }, {"cuda", "not available"});
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::arange(12, DType::F32);
+  Tensor v = ops::reshape(t, {3, 4});
+  Tensor s = ops::slice(v, 1, 1, 3);  // columns 1..2
+  EXPECT_EQ(s.shape(), (Shape{3, 2}));
+  EXPECT_EQ(s.contiguous().to_doubles(), (std::vector<double>{1, 2, 5, 6, 9, 10}));
+  s.fill_(-1);
+  EXPECT_EQ(t.to_doubles()[1], -1);  // a view writes through
+  Tensor p = ops::permute(ops::reshape(Tensor::arange(24, DType::F32), {2, 3, 4}), {2, 0, 1});
+  EXPECT_EQ(p.shape(), (Shape{4, 2, 3}));
+  EXPECT_EQ(p.contiguous().to_doubles()[1], 4);  // p[0][0][1] = x[0][1][0]
+  auto parts = ops::split(v, {1, 2}, 0);
+  EXPECT_EQ(ops::concat(parts, 0).to_doubles(), v.to_doubles());
+}
+
+TEST(Tensor, CastsAndTransfers) {
+  Tensor t = Tensor::from_doubles(std::vector<double>{1.5, -2.25, 3.0}, {3});
+  EXPECT_EQ(t.to(DType::BF16).to(DType::F64).to_doubles(), (std::vector<double>{1.5, -2.25, 3.0}));
+  EXPECT_EQ(t.to(DType::I32).to_ints(), (std::vector<int64_t>{1, -2, 3}));
+  EXPECT_EQ(t.to(DType::F16).to(DType::F32).to_doubles(), t.to_doubles());
+  expect_error([&] { t.item(); }, {"item", "3 elements"});
+}
+
+TEST(Tensor, BadShapesAndReleased) {
+  Tensor t = Tensor::zeros({2, 3});
+  expect_error([&] { ops::reshape(t, {4, 2}); }, {"reshape", "[2, 3]", "[4, 2]"});
+  expect_error([&] { ops::slice(t, 2, 0, 1); }, {"slice", "dimension 2"});
+  expect_error([&] { ops::concat({t, Tensor::zeros({3, 3})}, 1); }, {"concat", "[3, 3]"});
+  expect_error([] { Tensor::empty({-1}); }, {"negative"});
+  Tensor r = Tensor::ones({2});
+  r.release();
+  EXPECT_TRUE(r.is_released());
+  expect_error([&] { r.to_doubles(); }, {"released"});
+  expect_error([&] { ops::exp(r); }, {"exp", "released"});
+}
+
+TEST(Autograd, AccumulatesAcrossPassesAndUses) {
+  Tensor x = Tensor::from_doubles(std::vector<double>{1, 2, 3}, {3}).requires_grad_();
+  Tensor y = ops::sum(ops::add(ops::mul(x, x), x));  // x used three times
+  y.backward();
+  EXPECT_EQ(x.grad().to_doubles(), (std::vector<double>{3, 5, 7}));
+  ops::sum(x).backward();  // a second pass accumulates into .grad
+  EXPECT_EQ(x.grad().to_doubles(), (std::vector<double>{4, 6, 8}));
+  x.zero_grad();
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Autograd, NoGradScopeRecordsNothing) {
+  Tensor x = Tensor::ones({2}).requires_grad_();
+  {
+    NoGradGuard ng;
+    Tensor y = ops::mul(x, 2.0);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(y.grad_fn(), nullptr);
+  }
+  EXPECT_TRUE(grad_enabled());
+  EXPECT_TRUE(ops::mul(x, 2.0).requires_grad());
+}
+
+TEST(Autograd, SavedTensorsReleasedUnlessRetained) {
+  Tensor x = Tensor::from_doubles(std::vector<double>{0.5, 1.5}, {2}).requires_grad_();
+  Tensor y = ops::sum(ops::exp(x));
+  y.backward({}, /*retain_graph=*/true);
+  y.backward();  // allowed: the graph was retained
+  std::vector<double> g = x.grad().to_doubles();
+  EXPECT_NEAR(g[0], 2 * std::exp(0.5), 1e-6);
+  expect_error([&] { y.backward(); }, {"released", "sum", "retain_graph"});
+}
+
+TEST(Autograd, DetachAndErrors) {
+  Tensor x = Tensor::ones({2}).requires_grad_();
+  Tensor d = ops::mul(x, 3.0).detach();
+  EXPECT_FALSE(d.requires_grad());
+  expect_error([&] { d.backward(); }, {"backward", "does not require grad"});
+  Tensor y = ops::mul(x, 3.0);
+  expect_error([&] { y.backward(); }, {"seed"});
+  expect_error([] { Tensor::arange(3).requires_grad_(); }, {"floating"});
+}
+
+TEST(Autograd, ShapeOpsRouteGradients) {
+  Tensor x = Tensor::arange(6, DType::F64).requires_grad_();
+  Tensor m = ops::reshape(x, {2, 3});
+  Tensor z = ops::sum(ops::mul(
+      ops::slice(m, 1, 1, 3), Tensor::from_doubles(std::vector<double>{10, 100}, {2}, DType::F64)));
+  z.backward();
+  EXPECT_EQ(x.grad().to_doubles(), (std::vector<double>{0, 10, 100, 0, 10, 100}));
+  Tensor w = Tensor::arange(4, DType::F64).requires_grad_();
+  Tensor w2 = ops::reshape(w, {2, 2});
+  Tensor cat = ops::concat({ops::mul(w2, 2.0), ops::transpose(w2, 0, 1)}, 0);  // [4, 2]
+  ops::sum(ops::mul(cat, cat)).backward();  // d/dw of 4w^2 + w^2 = 10w
+  EXPECT_EQ(w.grad().to_doubles(), (std::vector<double>{0, 10, 20, 30}));
+}
+
+TEST(Random, PhiloxKnownAnswers) {
+  // Random123's published known-answer vectors for Philox-4x32-10.
+  auto a = philox4x32({0, 0, 0, 0}, {0, 0});
+  EXPECT_EQ(a, (std::array<uint32_t, 4>{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  auto b = philox4x32({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff});
+  EXPECT_EQ(b, (std::array<uint32_t, 4>{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+}
+
+TEST(Random, DeterministicAndWellDistributed) {
+  Generator g1(42), g2(42), g3(43);
+  Tensor a = g1.normal({100000}, 0, 1), b = g2.normal({100000}, 0, 1), c = g3.normal({4}, 0, 1);
+  EXPECT_EQ(a.to_doubles(), b.to_doubles());
+  EXPECT_NE(a.to_doubles()[0], c.to_doubles()[0]);
+  double mean = ops::mean(a).item();
+  double var = ops::mean(ops::square(a)).item() - mean * mean;
+  EXPECT_NEAR(mean, 0.0, 0.02);
+  EXPECT_NEAR(var, 1.0, 0.02);
+  Generator g4(7);
+  g4.set_state(42, 0);
+  std::vector<double> av = a.to_doubles();
+  EXPECT_EQ(g4.normal({5}, 0, 1).to_doubles(), std::vector<double>(av.begin(), av.begin() + 5));
+  std::vector<int64_t> r = Generator(1).randint({10000}, 3, 7).to_ints();
+  for (int64_t v : r) EXPECT_TRUE(v >= 3 && v < 7);
+}
+
+}  // namespace
+}  // namespace myriad

@@ -1,0 +1,295 @@
+#include <thread>
+
+#include "tests/ops/op_test.h"
+
+namespace myriad::testing {
+namespace {
+
+class Matmul : public OpTest {};
+MYRIAD_OP_TEST_SUITE(Matmul);
+
+Tensor mm(const std::vector<Tensor>& x) {
+  return ops::matmul(x[0], x[1]);
+}
+
+// (M, K, N): sizes of 1 in every position, odd sizes, and one large enough to span several of
+// oneDNN's blocks in each dimension.
+const std::vector<std::array<int64_t, 3>> kSizes = {
+    {1, 1, 1},  {1, 7, 5},    {5, 1, 3},    {3, 4, 1},       {1, 64, 33},
+    {7, 13, 9}, {33, 17, 65}, {64, 64, 64}, {257, 511, 129},
+};
+
+TEST_P(Matmul, TwoDMatchesReference) {
+  uint64_t seed = 1;
+  for (auto [m, k, n] : kSizes) {
+    Tensor a = randn({m, k}, seed++).requires_grad_();
+    Tensor b = randn({k, n}, seed++).requires_grad_();
+    expect_matches_reference_all("matmul " + shape_str({m, k}) + " x " + shape_str({k, n}), mm,
+                                 {a, b}, backend());
+  }
+}
+
+TEST_P(Matmul, GradientOfOneOperandOnly) {
+  Tensor a = randn({6, 9}, 5).requires_grad_(), b = randn({9, 4}, 6);
+  expect_matches_reference_all("matmul, b frozen", mm, {a, b}, backend());
+  expect_matches_reference_all("matmul, a frozen", mm,
+                               {b.detach().clone(), randn({4, 3}, 7).requires_grad_()}, backend());
+  Tensor x = randn({2, 5, 9}, 8).requires_grad_(), w = randn({7, 9}, 9);
+  expect_matches_reference_all(
+      "linear, weight frozen", [](const std::vector<Tensor>& v) { return ops::linear(v[0], v[1]); },
+      {x, w}, backend());
+}
+
+TEST_P(Matmul, BatchBroadcastMatchesReference) {
+  const std::vector<std::pair<Shape, Shape>> cases = {
+      {{2, 3, 5, 7}, {7, 4}},     // shared weight: folded into one GEMM
+      {{5, 7}, {3, 7, 4}},        // shared left operand
+      {{4, 1, 5, 7}, {3, 7, 6}},  // broadcast in two directions
+      {{2, 1, 5, 7}, {1, 3, 7, 6}}, {{3, 5, 7}, {3, 7, 6}}, {{2, 3, 1, 9}, {2, 3, 9, 1}},
+  };
+  uint64_t seed = 10;
+  for (auto [sa, sb] : cases) {
+    Tensor a = randn(sa, seed++).requires_grad_();
+    Tensor b = randn(sb, seed++).requires_grad_();
+    expect_matches_reference_all("matmul " + shape_str(sa) + " x " + shape_str(sb), mm, {a, b},
+                                 backend());
+  }
+}
+
+TEST_P(Matmul, TransposedAndStridedViews) {
+  Tensor a = randn({37, 21}, 20).requires_grad_();  // used as a^T: [21, 37]
+  Tensor b = randn({45, 37}, 21).requires_grad_();  // used as b^T: [37, 45]
+  auto t = [](const Tensor& x) { return ops::transpose(x, -1, -2); };
+  expect_matches_reference_all(
+      "a^T b^T", [&](const std::vector<Tensor>& x) { return ops::matmul(t(x[0]), t(x[1])); },
+      {a, b}, backend());
+  Tensor c = randn({37, 45}, 22).requires_grad_();
+  expect_matches_reference_all(
+      "a^T c", [&](const std::vector<Tensor>& x) { return ops::matmul(t(x[0]), x[1]); }, {a, c},
+      backend());
+  // Column slices: row strides wider than the rows (a padded leading dimension).
+  Tensor d = randn({21, 50}, 23).requires_grad_();
+  expect_matches_reference_all(
+      "sliced",
+      [](const std::vector<Tensor>& x) {
+        return ops::matmul(ops::slice(x[0], 1, 3, 40), ops::slice(x[1], 1, 2, 30));
+      },
+      {d, c}, backend());
+  // Batched transposes, and a batch dimension that is not the outermost in memory.
+  Tensor e = randn({3, 9, 6}, 24).requires_grad_();
+  Tensor f = randn({3, 11, 9}, 25).requires_grad_();
+  expect_matches_reference_all(
+      "batched transposes",
+      [&](const std::vector<Tensor>& x) { return ops::matmul(t(x[0]), t(x[1])); }, {e, f},
+      backend());
+  Tensor h = randn({6, 3, 9}, 26).requires_grad_();  // [M, B, K] viewed as [B, M, K]
+  expect_matches_reference_all(
+      "permuted batch",
+      [](const std::vector<Tensor>& x) {
+        return ops::matmul(ops::permute(x[0], {1, 0, 2}), ops::transpose(x[1], 1, 2));
+      },
+      {h, f}, backend());
+  // Neither matrix stride is 1 ([5, 4, 6] with strides (1, 30, 5)): the operand is copied.
+  Tensor g = randn({4, 6, 5}, 27).requires_grad_();
+  Tensor w = randn({6, 3}, 28).requires_grad_();
+  expect_matches_reference_all(
+      "no unit stride",
+      [](const std::vector<Tensor>& x) {
+        return ops::matmul(ops::permute(x[0], {2, 0, 1}), x[1]);
+      },
+      {g, w}, backend());
+}
+
+TEST_P(Matmul, BmmMatchesReference) {
+  Tensor a = randn({4, 17, 23}, 30).requires_grad_();
+  Tensor b = randn({4, 23, 19}, 31).requires_grad_();
+  expect_matches_reference_all(
+      "bmm", [](const std::vector<Tensor>& x) { return ops::bmm(x[0], x[1]); }, {a, b}, backend());
+}
+
+TEST_P(Matmul, LinearMatchesReference) {
+  Tensor w = randn({24, 40}, 40, 0.2).requires_grad_();
+  Tensor bias = randn({24}, 41).requires_grad_();
+  for (Shape sx : {Shape{40}, Shape{1, 40}, Shape{13, 40}, Shape{2, 7, 40}}) {
+    Tensor x = randn(sx, 42).requires_grad_();
+    expect_matches_reference_all(
+        "linear " + shape_str(sx),
+        [](const std::vector<Tensor>& v) { return ops::linear(v[0], v[1], v[2]); }, {x, w, bias},
+        backend());
+    expect_matches_reference_all(
+        "linear no bias " + shape_str(sx),
+        [](const std::vector<Tensor>& v) { return ops::linear(v[0], v[1]); }, {x, w}, backend());
+  }
+  Tensor xt = randn({40, 6}, 43).requires_grad_();  // a non-contiguous input
+  expect_matches_reference_all(
+      "linear of a transposed input",
+      [](const std::vector<Tensor>& v) {
+        return ops::linear(ops::transpose(v[0], 0, 1), v[1], v[2]);
+      },
+      {xt, w, bias}, backend());
+}
+
+TEST_P(Matmul, EmptyInnerDimensionGivesZeros) {
+  Device dev = device_of(backend());
+  for (DType t : {DType::F32, DType::BF16}) {
+    Tensor a = Tensor::empty({3, 0}, t, dev), b = Tensor::empty({0, 4}, t, dev);
+    Tensor c = ops::matmul(a, b);
+    ASSERT_EQ(c.shape(), (Shape{3, 4}));
+    for (double v : c.to_doubles()) EXPECT_EQ(v, 0.0);
+    Tensor bias = Tensor::full({4}, 2.0, t, dev);
+    for (double v : ops::linear(a, Tensor::empty({4, 0}, t, dev), bias).to_doubles())
+      EXPECT_EQ(v, 2.0);
+    EXPECT_EQ(ops::matmul(Tensor::empty({0, 5}, t, dev), Tensor::empty({5, 2}, t, dev)).shape(),
+              (Shape{0, 2}));
+    // Batched against a shared weight, with gradients (the backward folds the batch into rows).
+    Tensor x = Tensor::empty({2, 3, 0}, t, dev).requires_grad_();
+    Tensor w = Tensor::empty({0, 4}, t, dev).requires_grad_();
+    Tensor y = ops::matmul(x, w);
+    y.backward(Tensor::ones(y.shape(), t, dev));
+    EXPECT_EQ(w.grad().shape(), (Shape{0, 4}));
+    EXPECT_EQ(x.grad().shape(), (Shape{2, 3, 0}));
+  }
+}
+
+// The kernel entry point with alpha, beta, transposes, padded leading dimensions and batch
+// strides (0 = broadcast), against the reference kernel on the same values.
+struct GemmCase {
+  int64_t batch, m, n, k;
+  bool ta, tb;
+  int64_t pad;  // added to every leading dimension and batch stride
+  bool bcast_a, bcast_b;
+  float alpha, beta;
+};
+
+TEST_P(Matmul, GemmEntryPointMatchesReference) {
+  const std::vector<GemmCase> cases = {
+      {1, 5, 7, 3, false, false, 0, false, false, 1.0f, 0.0f},
+      {1, 33, 17, 20, true, false, 3, false, false, 0.5f, 2.0f},
+      {3, 4, 6, 5, false, true, 0, true, false, -1.0f, 1.0f},
+      {3, 9, 8, 7, true, true, 2, false, true, 1.0f, 0.5f},
+      {2, 16, 24, 40, false, false, 5, false, false, 1.5f, 0.0f},
+      {4, 6, 5, 3, false, false, 0, false, true, 1.0f, 0.0f},  // foldable into one GEMM
+  };
+  Device dev = device_of(backend());
+  uint64_t seed = 50;
+  for (DType t : {DType::F32, DType::BF16}) {
+    for (const GemmCase& c : cases) {
+      SCOPED_TRACE(::testing::Message()
+                   << dtype_name(t) << " batch " << c.batch << " m " << c.m << " n " << c.n << " k "
+                   << c.k << " ta " << c.ta << " tb " << c.tb << " pad " << c.pad);
+      ops::GemmArgs g;
+      g.batch = c.batch, g.m = c.m, g.n = c.n, g.k = c.k, g.trans_a = c.ta, g.trans_b = c.tb;
+      g.lda = (c.ta ? c.m : c.k) + c.pad;
+      g.ldb = (c.tb ? c.k : c.n) + c.pad;
+      g.ldc = c.n + c.pad;
+      g.stride_a = c.bcast_a ? 0 : (c.ta ? c.k : c.m) * g.lda + c.pad;
+      g.stride_b = c.bcast_b ? 0 : (c.tb ? c.n : c.k) * g.ldb + c.pad;
+      g.stride_c = c.m * g.ldc + c.pad;
+      g.alpha = c.alpha, g.beta = c.beta, g.dtype = t;
+      auto extent = [&](int64_t stride, int64_t rows, int64_t ld) {
+        return (c.batch - 1) * stride + rows * ld;
+      };
+      Tensor a = randn({extent(g.stride_a, c.ta ? c.k : c.m, g.lda)}, seed++).to(t);
+      Tensor b = randn({extent(g.stride_b, c.tb ? c.n : c.k, g.ldb)}, seed++).to(t);
+      Tensor c0 = randn({extent(g.stride_c, c.m, g.ldc)}, seed++).to(t);
+      auto run = [&](Device d, bool reference) {
+        Tensor da = a.to(d), db = b.to(d), dc = c0.clone().to(d);
+        std::optional<ops::ReferenceMode> ref;
+        if (reference) ref.emplace();
+        ops::GemmArgs h = g;
+        h.a = da.data_ptr(), h.b = db.data_ptr(), h.c = dc.data_ptr(), h.device = d;
+        ops::gemm(h);
+        return dc.to_doubles();
+      };
+      std::vector<double> want = run(kCPU, true), got = run(dev, false);
+      const double tol = t == DType::F32 ? 1e-4 : 3e-2;
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
+    }
+  }
+}
+
+TEST(MatmulGrad, Gradcheck) {
+  Tensor a = randn({3, 4}, 60).requires_grad_(), b = randn({4, 2}, 61).requires_grad_();
+  expect_gradcheck("matmul", mm, {a, b});
+  Tensor a3 = randn({2, 1, 3, 4}, 62).requires_grad_(), b3 = randn({3, 4, 2}, 63).requires_grad_();
+  expect_gradcheck("matmul broadcast", mm, {a3, b3});
+  Tensor ab = randn({2, 3, 4}, 64).requires_grad_();
+  expect_gradcheck("matmul shared weight", mm, {ab, b});
+  expect_gradcheck(
+      "matmul transposed",
+      [](const std::vector<Tensor>& x) { return ops::matmul(ops::transpose(x[0], 0, 1), x[1]); },
+      {randn({4, 3}, 65).requires_grad_(), b});
+  Tensor c = randn({2, 4, 3}, 66).requires_grad_();
+  expect_gradcheck("bmm", [](const std::vector<Tensor>& x) { return ops::bmm(x[0], x[1]); },
+                   {ab, c});
+  Tensor x = randn({2, 3, 4}, 67).requires_grad_(), w = randn({5, 4}, 68).requires_grad_();
+  Tensor bias = randn({5}, 69).requires_grad_();
+  expect_gradcheck("linear",
+                   [](const std::vector<Tensor>& v) { return ops::linear(v[0], v[1], v[2]); },
+                   {x, w, bias});
+  expect_gradcheck("linear no bias",
+                   [](const std::vector<Tensor>& v) { return ops::linear(v[0], v[1]); }, {x, w});
+}
+
+TEST(MatmulErrors, ShapesRanksDtypes) {
+  Tensor a = randn({2, 3}, 1), b = randn({4, 5}, 2);
+  expect_error([&] { ops::matmul(a, b); }, {"matmul", "inner", "[2, 3]", "[4, 5]"});
+  expect_error([&] { ops::matmul(randn({3}, 3), randn({3, 2}, 4)); }, {"matmul", "rank", "[3]"});
+  expect_error(
+      [&] {
+        ops::matmul(randn({2, 2, 3}, 5), randn({3, 3, 4}, 6));
+      },
+      {"matmul", "[2]", "[3]", "broadcast"});
+  expect_error(
+      [&] {
+        ops::matmul(a, randn({3, 2}, 7).to(DType::BF16));
+      },
+      {"matmul", "dtype", "bf16"});
+  Tensor i = Tensor::from_ints(std::vector<int64_t>{1, 2, 3, 4}, {2, 2});
+  expect_error([&] { ops::matmul(i, i); }, {"matmul", "floating"});
+  expect_error([&] { ops::bmm(a, randn({3, 2}, 8)); }, {"bmm", "3-d", "[2, 3]"});
+  expect_error(
+      [&] {
+        ops::bmm(randn({2, 2, 3}, 9), randn({3, 3, 2}, 10));
+      },
+      {"bmm", "batch", "[2, 2, 3]", "[3, 3, 2]"});
+  expect_error(
+      [&] {
+        ops::bmm(randn({2, 2, 3}, 9), randn({2, 4, 2}, 10));
+      },
+      {"bmm", "inner", "[2, 2, 3]", "[2, 4, 2]"});
+  Tensor w = randn({4, 3}, 11);
+  expect_error([&] { ops::linear(randn({2, 5}, 12), w); }, {"linear", "[2, 5]", "[4, 3]"});
+  expect_error([&] { ops::linear(a, w, randn({5}, 13)); }, {"linear", "bias", "[5]", "[4, 3]"});
+  expect_error([&] { ops::linear(a, randn({3}, 14)); }, {"linear", "2-d"});
+  expect_error([&] { ops::linear(a, w, randn({4}, 15).to(DType::BF16)); }, {"linear", "dtype"});
+}
+
+TEST(MatmulErrors, DeviceMismatch) {
+  if (!cuda_available()) GTEST_SKIP() << "a device mismatch needs a CUDA device";
+  Tensor a = randn({2, 3}, 1), b = randn({3, 2}, 2).to(cuda(0));
+  expect_error([&] { ops::matmul(a, b); }, {"matmul", "devices", "[2, 3]", "[3, 2]"});
+  expect_error([&] { ops::linear(a, randn({4, 3}, 3).to(cuda(0))); }, {"linear", "devices"});
+}
+
+// Several threads creating and running primitives at once (the cache is shared).
+TEST(MatmulCpu, ConcurrentCallsAgree) {
+  std::vector<Tensor> as, bs, want(8), got(8);
+  for (int i = 0; i < 8; ++i) {
+    as.push_back(randn({20 + i, 30}, 80 + i));
+    bs.push_back(randn({30, 10 + 3 * i}, 90 + i));
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) threads.emplace_back([&, i] { got[i] = ops::matmul(as[i], bs[i]); });
+  for (auto& th : threads) th.join();
+  for (int i = 0; i < 8; ++i) {
+    ops::ReferenceMode ref;
+    want[i] = ops::matmul(as[i], bs[i]);
+    std::vector<double> g = got[i].to_doubles(), w = want[i].to_doubles();
+    for (size_t j = 0; j < w.size(); ++j) ASSERT_NEAR(g[j], w[j], 1e-4 * (1 + std::abs(w[j])));
+  }
+}
+
+}  // namespace
+}  // namespace myriad::testing
