@@ -3,7 +3,7 @@
 # only what is missing, so a second run costs a few dpkg queries.
 set -euo pipefail
 PKGS=(cmake ninja-build g++ ccache clang-format pkg-config
-      libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev)
+      libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

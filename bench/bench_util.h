@@ -1,0 +1,113 @@
+// Helpers shared by the benchmark executables: a reporter that keeps every run's counters for
+// the summary table each binary prints after Google Benchmark's own output, command-line /
+// environment settings, and the nominal CPU clock.
+#pragma once
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <chrono>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace myriad::bench {
+
+// Console output as usual, plus each run's counters (already turned into rates) by the name the
+// benchmark was registered under.
+class Collector : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs)
+      if (!r.error_occurred && r.run_type == Run::RT_Iteration)
+        for (const auto& [key, c] : r.counters)
+          values_[r.run_name.function_name][key].push_back(c.value);
+    ConsoleReporter::ReportRuns(runs);
+  }
+  // The largest value of counter `key` over the runs named in `names`; 0 when none ran.
+  double best(const std::vector<std::string>& names, const std::string& key) const {
+    double v = 0;
+    for (const std::string& n : names) {
+      auto it = values_.find(n);
+      if (it == values_.end()) continue;
+      auto jt = it->second.find(key);
+      if (jt == it->second.end()) continue;
+      for (double x : jt->second) v = std::max(v, x);
+    }
+    return v;
+  }
+
+ private:
+  std::map<std::string, std::map<std::string, std::vector<double>>> values_;
+};
+
+// Removes "--name=value" from argv (Google Benchmark rejects flags it does not know) and returns
+// its value; else the environment variable `env`; else `fallback`.
+inline double take_flag(int& argc, char** argv, const char* name, const char* env,
+                        double fallback) {
+  const std::string prefix = std::string("--") + name + "=";
+  double v = fallback;
+  if (const char* e = std::getenv(env)) v = std::atof(e);
+  int w = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0)
+      v = std::atof(argv[i] + prefix.size());
+    else
+      argv[w++] = argv[i];
+  }
+  argc = w;
+  return v;
+}
+
+// The first "cpu MHz" of /proc/cpuinfo (the nominal clock as the kernel reports it), 0 if none.
+inline double cpu_mhz() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("cpu MHz", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return std::atof(line.c_str() + colon + 1);
+    }
+  return 0;
+}
+
+// The machine's arithmetic peak, measured: every OpenMP thread runs independent chains of
+// AVX-512 FMAs (f32: vfmadd231ps, 32 FLOP each) or bf16 dot products (vdpbf16ps, 64 FLOP each),
+// 16 accumulators deep to cover the latency, for ~0.2 s. Nothing a GEMM does can go faster, so
+// "fraction of peak" against this figure is honest whatever the clock. 0 without AVX-512.
+__attribute__((target("avx512f,avx512bf16"))) inline double fma_chain_flops(bool bf16,
+                                                                            int64_t iters) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-7f);
+  const __m512bh ab = (__m512bh)_mm512_set1_epi16(0x3f80), bb = (__m512bh)_mm512_set1_epi16(0x3380);
+  for (int64_t it = 0; it < iters; ++it)
+    for (int i = 0; i < 16; ++i)
+      acc[i] = bf16 ? _mm512_dpbf16_ps(acc[i], ab, bb) : _mm512_fmadd_ps(acc[i], a, b);
+  float sink = 0;
+  for (int i = 0; i < 16; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  benchmark::DoNotOptimize(sink);
+  return static_cast<double>(iters) * 16 * (bf16 ? 64 : 32);
+}
+inline double measured_peak_gflops(bool bf16) {
+  if (!__builtin_cpu_supports("avx512f") || (bf16 && !__builtin_cpu_supports("avx512bf16")))
+    return 0;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t iters = 4'000'000;
+    double flops = 0;
+    auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel reduction(+ : flops)
+    flops += fma_chain_flops(bf16, iters);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, flops / s * 1e-9);
+  }
+  return best;
+}
+
+}  // namespace myriad::bench
