@@ -89,8 +89,12 @@ __attribute__((target("avx512f,avx512bf16"))) inline double fma_chain_flops(bool
   for (int64_t it = 0; it < iters; ++it)
     for (int i = 0; i < 16; ++i)
       acc[i] = bf16 ? _mm512_dpbf16_ps(acc[i], ab, bb) : _mm512_fmadd_ps(acc[i], a, b);
+  alignas(64) float lanes[16];
   float sink = 0;
-  for (int i = 0; i < 16; ++i) sink += _mm512_reduce_add_ps(acc[i]);
+  for (int i = 0; i < 16; ++i) {  // (_mm512_reduce_add_ps trips a GCC 12 -Wuninitialized bug)
+    _mm512_store_ps(lanes, acc[i]);
+    for (float v : lanes) sink += v;
+  }
   benchmark::DoNotOptimize(sink);
   return static_cast<double>(iters) * 16 * (bf16 ? 64 : 32);
 }
