@@ -5,6 +5,7 @@
 #include "ops/cumsum.h"
 #include "ops/elementwise.h"
 #include "ops/index.h"
+#include "ops/kda.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
 #include "ops/rmsnorm.h"

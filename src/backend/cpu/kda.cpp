@@ -1,0 +1,617 @@
+// Optimised CPU KDA (MODEL.md §4.4): the chunkwise WY/UT form in f32, threaded over (batch,
+// head). Per chunk every tile lives in small buffers padded to multiples of 16 (zero outside the
+// live rows and columns), so the small matrix products run as one register-blocked loop nest on
+// GCC vectors, compiled for each MYRIAD_CPU_CLONES target. The in-chunk cumulative log-decay G
+// is kept as an f32 pair (two-sum), so its differences stay accurate when a strongly negative
+// gate makes |G| large; the decay matrices are built per 16 x 16 block, as products through a
+// reference row where that is safe and from masked exponentials of differences elsewhere (see
+// "pair sums" below), so nothing overflows whatever the gate.
+//
+// Backward, per chunk in reverse, from the saved state S entering it and dS' = dL/d(S after it):
+//   Ṽ = (I + L)^-1 Diag(β) R with R = V - Kg S;  O = Qg S + P Ṽ;  S' = Γ_C S + Kd^T Ṽ
+//   dṼ = P^T dO + Kd dS';  (I + L)^T X = dṼ;  dR = β X;  dL = -X Ṽ^T (strictly lower)
+//   dβ_r = X_r·R_r + Σ_i M_ri dL_ri;  dM = β dL;  dP = dO Ṽ^T (lower)
+//   dS = Qg^T dO + Γ_C dS' - Kg^T dR
+// and the pairwise terms of M and P (with E_ri = exp(G_r - G_i)) give dK, dQ and dG; dg is the
+// reverse in-chunk cumsum of dG.
+#include <algorithm>
+#include <vector>
+
+#include "backend/cpu/cpu.h"
+#include "backend/cpu/rows.h"
+#include "ops/kda.h"
+
+namespace myriad::cpu {
+namespace {
+using ops::KdaArgs;
+using ops::KdaGrads;
+
+int64_t pad16(int64_t n) {
+  return (n + 15) / 16 * 16;
+}
+
+// 16 floats as one GCC vector (one zmm on AVX-512, two ymm on AVX2); aligned(4) so it can be
+// loaded from any float address.
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+
+// c[m, n] = (acc ? c : 0) + sum_{p < kk} A(i, p) b[p, :], with A(i, p) = a[i * sai + p * sap]
+// (so a row-major A or a transposed one). m % 8 == 0 and n % 16 == 0. Each 8 x 16 tile of c
+// stays in registers over the whole p loop.
+MYRIAD_CPU_CLONES void mm(int64_t m, int64_t n, int64_t kk, const float* __restrict a, int64_t sai,
+                          int64_t sap, const float* __restrict b, int64_t ldb, float* __restrict c,
+                          int64_t ldc, bool acc) {
+  for (int64_t i0 = 0; i0 < m; i0 += 8)
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      v16 t[8];
+      for (int ii = 0; ii < 8; ++ii)
+        t[ii] = acc ? *reinterpret_cast<const v16*>(c + (i0 + ii) * ldc + j0) : v16{};
+      const float* ap = a + i0 * sai;
+      for (int64_t p = 0; p < kk; ++p) {
+        const v16 bp = *reinterpret_cast<const v16*>(b + p * ldb + j0);
+        for (int ii = 0; ii < 8; ++ii) t[ii] += ap[ii * sai + p * sap] * bp;
+      }
+      for (int ii = 0; ii < 8; ++ii) *reinterpret_cast<v16*>(c + (i0 + ii) * ldc + j0) = t[ii];
+    }
+}
+
+// dst[j, i] = src[i, j] for a rows x cols source (leading dimensions given).
+void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
+}
+
+// Rows of n values, `stride` elements apart in a contiguous f32 or bf16 tensor (from element
+// off), to / from a padded f32 buffer with leading dimension ld, times mul.
+MYRIAD_CPU_CLONES void load_rows_f32(const float* src, int64_t stride, int64_t rows, int64_t n,
+                                     float mul, float* __restrict dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) dst[r * ld + i] = src[r * stride + i] * mul;
+}
+MYRIAD_CPU_CLONES void load_rows_bf16(const uint16_t* src, int64_t stride, int64_t rows, int64_t n,
+                                      float mul, float* __restrict dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) dst[r * ld + i] = bf16_load(src[r * stride + i]) * mul;
+}
+MYRIAD_CPU_CLONES void store_rows_f32(const float* src, int64_t ld, int64_t rows, int64_t n,
+                                      float mul, float* __restrict dst, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) dst[r * stride + i] = src[r * ld + i] * mul;
+}
+MYRIAD_CPU_CLONES void store_rows_bf16(const float* src, int64_t ld, int64_t rows, int64_t n,
+                                       float mul, uint16_t* __restrict dst, int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) dst[r * stride + i] = bf16_store(src[r * ld + i] * mul);
+}
+void load(const Tensor& t, int64_t off, int64_t stride, int64_t rows, int64_t n, float mul,
+          float* dst, int64_t ld) {
+  if (t.dtype() == DType::F32)
+    load_rows_f32(t.data<float>() + off, stride, rows, n, mul, dst, ld);
+  else
+    load_rows_bf16(t.data<uint16_t>() + off, stride, rows, n, mul, dst, ld);
+}
+void store(const float* src, int64_t ld, int64_t rows, int64_t n, float mul, Tensor& t, int64_t off,
+           int64_t stride) {
+  if (t.dtype() == DType::F32)
+    store_rows_f32(src, ld, rows, n, mul, t.data<float>() + off, stride);
+  else
+    store_rows_bf16(src, ld, rows, n, mul, t.data<uint16_t>() + off, stride);
+}
+
+// The in-chunk pair sums M[r, i] = sum_d K_r K_i E_ri (i < r) and P[r, i] = sum_d Q_r K_i E_ri
+// (i <= r), E_ri = exp(G_r - G_i), are computed per 16 x 16 block (a, b) of (r, i). When every
+// gate of the chunk is <= 0 (G non-increasing), a block is a small GEMM through a reference row
+// R: E_ri = exp(G_r - R) exp(R - G_i) (Kimi Linear's secondary chunking):
+//  - below the diagonal, R is the last row of block b, so both factors are <= 1;
+//  - on the diagonal, R is the block's middle row, used only when G spans at most 80 over the
+//    block (always so for the K3 gate, g > -5), so both factors lie in [e^-40, e^40]; the
+//    non-causal entries are finite and are cleared after the product.
+// Otherwise a block is "direct": the exponential of each difference, masked (i > r) before
+// exponentiating, so nothing can overflow whatever the gate.
+constexpr int64_t kBlk = 16;
+
+// Direct block: rows [r0, r1) against columns [i0, i0 + 16). KT, GT, LT are K and G = GT + LT
+// transposed ([k, Cp]), so the inner loop is one 16-wide vector over i.
+MYRIAD_CPU_CLONES void pair_sums_direct(int64_t r0, int64_t r1, int64_t i0, int64_t k, int64_t cp,
+                                        int64_t kp, const float* __restrict Q,
+                                        const float* __restrict Kc, const float* __restrict G,
+                                        const float* __restrict Gl, const float* __restrict KT,
+                                        const float* __restrict GT, const float* __restrict LT,
+                                        float* __restrict M, float* __restrict P) {
+  for (int64_t r = r0; r < r1; ++r) {
+    v16 mr{}, pr{};  // the row's 16 sums stay in registers over d
+    for (int64_t d = 0; d < k; ++d) {
+      const float gr = G[r * kp + d], lr = Gl[r * kp + d];
+      const float* gt = GT + d * cp + i0;
+      const float* lt = LT + d * cp + i0;
+      const float* kt = KT + d * cp + i0;
+      float ke[kBlk];
+      for (int64_t j = 0; j < kBlk; ++j) {
+        const float x = i0 + j <= r ? (gr - gt[j]) + (lr - lt[j]) : -100.0f;
+        ke[j] = kt[j] * fast_exp(x);
+      }
+      const v16 kv = *reinterpret_cast<const v16*>(ke);
+      mr += Kc[r * kp + d] * kv;
+      pr += Q[r * kp + d] * kv;
+    }
+    for (int64_t j = 0; j < kBlk; ++j) {
+      M[r * cp + i0 + j] = i0 + j < r ? mr[j] : 0.0f;
+      P[r * cp + i0 + j] = i0 + j <= r ? pr[j] : 0.0f;
+    }
+  }
+}
+
+// The left factors of block row a against reference row (ref, refl): EL = exp(G_r - R),
+// KL = K EL, QL = Q EL for the block's rows r0 + [0, rows), zero below ([16, kp] each).
+MYRIAD_CPU_CLONES void left_factors(int64_t r0, int64_t rows, int64_t kp, const float* __restrict Q,
+                                    const float* __restrict Kc, const float* __restrict G,
+                                    const float* __restrict Gl, const float* __restrict ref,
+                                    const float* __restrict refl, float* __restrict EL,
+                                    float* __restrict KL, float* __restrict QL) {
+  for (int64_t r = 0; r < kBlk; ++r)
+    for (int64_t d = 0; d < kp; ++d) {
+      const int64_t i = (r0 + r) * kp + d, o = r * kp + d;
+      const float e = r < rows ? fast_exp((G[i] - ref[d]) + (Gl[i] - refl[d])) : 0.0f;
+      EL[o] = e;
+      KL[o] = Kc[i] * e;
+      QL[o] = Q[i] * e;
+    }
+}
+
+// The right factors of rows [i0, i1) against reference row (ref, refl): ER = exp(R - G_i) and
+// KR = K ER.
+MYRIAD_CPU_CLONES void right_factors(int64_t i0, int64_t i1, int64_t kp, const float* __restrict Kc,
+                                     const float* __restrict G, const float* __restrict Gl,
+                                     const float* __restrict ref, const float* __restrict refl,
+                                     float* __restrict ER, float* __restrict KR) {
+  for (int64_t i = i0; i < i1; ++i)
+    for (int64_t d = 0; d < kp; ++d) {
+      const int64_t x = i * kp + d;
+      ER[x] = fast_exp((ref[d] - G[x]) + (refl[d] - Gl[x]));
+      KR[x] = Kc[x] * ER[x];
+    }
+}
+
+// y[:n] += a[:n] * b[:n]
+MYRIAD_CPU_CLONES void fma_rows(float* __restrict y, const float* __restrict a,
+                                const float* __restrict b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a[i] * b[i];
+}
+
+// The gradients through a direct block (rows [r0, r1), columns [i0, i1), pairs i <= r), with
+// e = exp(G_r - G_i) as vectors over k:
+//   a_r += dM_ri K_i e,  b_r += dP_ri K_i e,  c_i += e (dM_ri K_r + dP_ri Q_r).
+MYRIAD_CPU_CLONES void pair_grads_direct(int64_t r0, int64_t r1, int64_t i0, int64_t i1, int64_t kp,
+                                         int64_t cp, const float* __restrict Q,
+                                         const float* __restrict Kc, const float* __restrict G,
+                                         const float* __restrict Gl, const float* __restrict dM,
+                                         const float* __restrict dP, float* __restrict A,
+                                         float* __restrict Bq, float* __restrict Cc) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* gr = G + r * kp;
+    const float* lr = Gl + r * kp;
+    const float* kr = Kc + r * kp;
+    const float* qr = Q + r * kp;
+    float* __restrict ar = A + r * kp;
+    float* __restrict br = Bq + r * kp;
+    for (int64_t i = i0; i < std::min(i1, r + 1); ++i) {
+      const float dm = i < r ? dM[r * cp + i] : 0.0f, dp = dP[r * cp + i];
+      const float* gi = G + i * kp;
+      const float* li = Gl + i * kp;
+      const float* ki = Kc + i * kp;
+      float* __restrict ci = Cc + i * kp;
+#pragma GCC ivdep
+      for (int64_t d = 0; d < kp; ++d) {
+        const float e = fast_exp((gr[d] - gi[d]) + (lr[d] - li[d]));
+        const float ke = ki[d] * e;
+        ar[d] += dm * ke;
+        br[d] += dp * ke;
+        ci[d] += e * (dm * kr[d] + dp * qr[d]);
+      }
+    }
+  }
+}
+
+// In-chunk cumulative log-decay G = G + Gl as an unevaluated sum (Knuth's two-sum), so that
+// differences G_r - G_i keep f32 accuracy when a strongly negative gate made |G| large.
+MYRIAD_CPU_CLONES void cumsum2(int64_t cn, int64_t kp, float* __restrict G, float* __restrict Gl) {
+  for (int64_t d = 0; d < kp; ++d) Gl[d] = 0.0f;
+  for (int64_t r = 1; r < cn; ++r)
+    for (int64_t d = 0; d < kp; ++d) {
+      const float a = G[(r - 1) * kp + d], b = G[r * kp + d], s = a + b, bb = s - a;
+      G[r * kp + d] = s;
+      Gl[r * kp + d] = Gl[(r - 1) * kp + d] + ((a - (s - bb)) + (b - bb));
+    }
+}
+
+// Decays and gated copies of one chunk: Gam = exp(G), Ed = exp(G_last - G), Qg = Q Gam,
+// Kg = K Gam, Kd = K Ed (rows < cn; the rest stay zero).
+MYRIAD_CPU_CLONES void decays(int64_t cn, int64_t kp, const float* __restrict Q,
+                              const float* __restrict Kc, const float* __restrict G,
+                              const float* __restrict Gl, float* __restrict Gam,
+                              float* __restrict Ed, float* __restrict Qg, float* __restrict Kg,
+                              float* __restrict Kd) {
+  const float* gl = G + (cn - 1) * kp;
+  const float* ll = Gl + (cn - 1) * kp;
+  for (int64_t r = 0; r < cn; ++r)
+    for (int64_t d = 0; d < kp; ++d) {
+      const int64_t i = r * kp + d;
+      Gam[i] = fast_exp(G[i] + Gl[i]);
+      Ed[i] = fast_exp((gl[d] - G[i]) + (ll[d] - Gl[i]));
+      Qg[i] = Q[i] * Gam[i];
+      Kg[i] = Kc[i] * Gam[i];
+      Kd[i] = Kc[i] * Ed[i];
+    }
+}
+
+// Ṽ_r = β_r (R_r - sum_{i<r} M_ri Ṽ_i) for r < cn: (I + Diag(β) M) Ṽ = Diag(β) R.
+MYRIAD_CPU_CLONES void solve_lower(int64_t cn, int64_t cp, int64_t vp, const float* __restrict M,
+                                   const float* __restrict beta, const float* __restrict R,
+                                   float* __restrict Vt) {
+  for (int64_t r = 0; r < cn; ++r) {
+    float* vr = Vt + r * vp;
+    for (int64_t j = 0; j < vp; ++j) vr[j] = R[r * vp + j];
+    for (int64_t i = 0; i < r; ++i) {
+      const float m = M[r * cp + i];
+      const float* vi = Vt + i * vp;
+      for (int64_t j = 0; j < vp; ++j) vr[j] -= m * vi[j];
+    }
+    for (int64_t j = 0; j < vp; ++j) vr[j] *= beta[r];
+  }
+}
+
+// The transposed system (I + Diag(β) M)^T X = Y for r < cn, by back substitution.
+MYRIAD_CPU_CLONES void solve_upper_t(int64_t cn, int64_t cp, int64_t vp, const float* __restrict M,
+                                     const float* __restrict beta, const float* __restrict Y,
+                                     float* __restrict X) {
+  for (int64_t r = cn - 1; r >= 0; --r) {
+    float* xr = X + r * vp;
+    for (int64_t j = 0; j < vp; ++j) xr[j] = Y[r * vp + j];
+    for (int64_t i = r + 1; i < cn; ++i) {
+      const float l = beta[i] * M[i * cp + r];
+      const float* xi = X + i * vp;
+      for (int64_t j = 0; j < vp; ++j) xr[j] -= l * xi[j];
+    }
+  }
+}
+
+// Per row of the chunk: dQ (before the scale), dK and dG from the products and pair terms
+// (see the top of the file).
+struct RowGrads {
+  const float *Q, *Kc, *Gam, *Ed, *Qg, *Kg, *Kd, *DOS, *VDS, *NRS, *Ga, *Gb, *Gc;
+};
+MYRIAD_CPU_CLONES void row_grads(int64_t n, const RowGrads& a, float* __restrict dQ,
+                                 float* __restrict dK, float* __restrict dG) {
+  for (int64_t i = 0; i < n; ++i) {
+    dQ[i] = a.Gam[i] * a.DOS[i] + a.Gb[i];
+    dK[i] = a.Ed[i] * a.VDS[i] + a.Gam[i] * a.NRS[i] + a.Ga[i] + a.Gc[i];
+    dG[i] = a.Qg[i] * a.DOS[i] - a.Kd[i] * a.VDS[i] + a.Kg[i] * a.NRS[i] + a.Kc[i] * a.Ga[i] +
+            a.Q[i] * a.Gb[i] - a.Kc[i] * a.Gc[i];
+  }
+}
+
+// The last row of dG also collects what the state hand-off owes to G_last: sum_r Kd VDS, and
+// Γ_last (S·dS') per key row; then dg = the reverse in-chunk cumsum of dG.
+MYRIAD_CPU_CLONES void finish_dg(int64_t cn, int64_t k, int64_t kp, int64_t vp,
+                                 const float* __restrict Kd, const float* __restrict VDS,
+                                 const float* __restrict gl, const float* __restrict S,
+                                 const float* __restrict dS, float* __restrict dG) {
+  float* last = dG + (cn - 1) * kp;
+  for (int64_t r = 0; r < cn; ++r)
+    for (int64_t d = 0; d < kp; ++d) last[d] += Kd[r * kp + d] * VDS[r * kp + d];
+  for (int64_t d = 0; d < k; ++d) last[d] += gl[d] * row_dot(S + d * vp, dS + d * vp, vp);
+  for (int64_t r = cn - 2; r >= 0; --r)
+    for (int64_t d = 0; d < kp; ++d) dG[r * kp + d] += dG[(r + 1) * kp + d];
+}
+
+// One thread's buffers for one (batch, head) at a time.
+struct Work {
+  int64_t B, T, H, K, V, C, NC, Cp, Kp, Vp;
+  float scale;
+  // [Cp, Kp]
+  std::vector<float> Q, Kc, G, Gl, Gam, Ed, Qg, Kg, Kd, ER, KR, ED, KD;
+  // [Kp, Cp]
+  std::vector<float> KT, GT, LT, KRT, KDT;
+  // [16, Kp]
+  std::vector<float> EL, KL, QL;
+  // [Cp, Vp]
+  std::vector<float> Vv, R, Vt, O;
+  // [Cp, Cp]
+  std::vector<float> M, P;
+  std::vector<float> beta, S;  // [Cp], [Kp, Vp]
+  bool factor = false;         // every gate of the chunk is <= 0: factorised blocks
+  std::vector<int64_t> mid;    // per block: the diagonal reference row, or -1 for a direct block
+
+  explicit Work(const KdaArgs& a) {
+    const Shape& s = a.q.shape();
+    B = s[0], T = s[1], H = s[2], K = s[3], V = a.v.size(3), C = a.chunk;
+    NC = (T + C - 1) / C;
+    Cp = pad16(std::min(C, std::max<int64_t>(T, 1))), Kp = pad16(K), Vp = pad16(V);
+    scale = static_cast<float>(a.scale);
+    for (auto* b : {&Q, &Kc, &G, &Gl, &Gam, &Ed, &Qg, &Kg, &Kd, &ER, &KR, &ED, &KD})
+      b->assign(Cp * Kp, 0.0f);
+    for (auto* b : {&KT, &GT, &LT, &KRT, &KDT}) b->assign(Kp * Cp, 0.0f);
+    mid.assign(Cp / kBlk, -1);
+    for (auto* b : {&EL, &KL, &QL}) b->assign(kBlk * Kp, 0.0f);
+    for (auto* b : {&Vv, &R, &Vt, &O}) b->assign(Cp * Vp, 0.0f);
+    for (auto* b : {&M, &P}) b->assign(Cp * Cp, 0.0f);
+    beta.assign(Cp, 0.0f);
+    S.assign(Kp * Vp, 0.0f);
+  }
+  int64_t row_qk(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * K; }
+  int64_t row_v(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * V; }
+  int64_t state(int64_t b, int64_t h) const { return (b * H + h) * K * V; }
+  int64_t saved(int64_t b, int64_t h, int64_t c) const { return ((b * H + h) * NC + c) * K * V; }
+
+  void load_state(const Tensor& t, int64_t off) { load(t, off, V, K, V, 1.0f, S.data(), Vp); }
+  void store_state(Tensor& t, int64_t off) const { store(S.data(), Vp, K, V, 1.0f, t, off, V); }
+
+  // Block (r0, i0) as a product: the left factors of rows [r0, r1) into EL, KL, QL; returns
+  // the right factors (ER, KR or ED, KD) and KR transposed, at row / column i0.
+  struct Right {
+    const float *er, *kr, *krt;
+  };
+  Right left(int64_t r0, int64_t r1, int64_t i0) {
+    const bool diag = i0 == r0;
+    const int64_t ref = (diag ? mid[r0 / kBlk] : i0 + kBlk - 1) * Kp;
+    left_factors(r0, r1 - r0, Kp, Q.data(), Kc.data(), G.data(), Gl.data(), &G[ref], &Gl[ref],
+                 EL.data(), KL.data(), QL.data());
+    if (diag) return {&ED[i0 * Kp], &KD[i0 * Kp], &KDT[i0]};
+    return {&ER[i0 * Kp], &KR[i0 * Kp], &KRT[i0]};
+  }
+  bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
+
+  // Loads chunk [t0, t0 + cn) of (b, h) and computes everything up to Ṽ from the state S.
+  void chunk(const KdaArgs& a, int64_t b, int64_t h, int64_t t0, int64_t cn) {
+    for (auto* v :
+         {&Q, &Kc, &G, &Gl, &Gam, &Ed, &Qg, &Kg, &Kd, &ER, &KR, &ED, &KD, &KRT, &KDT, &Vv, &M, &P})
+      std::fill(v->begin(), v->end(), 0.0f);
+    std::fill(beta.begin(), beta.end(), 0.0f);
+    float gmax = -1.0f;
+    load(a.q, row_qk(b, t0, h), H * K, cn, K, scale, Q.data(), Kp);
+    load(a.k, row_qk(b, t0, h), H * K, cn, K, 1.0f, Kc.data(), Kp);
+    load(a.v, row_v(b, t0, h), H * V, cn, V, 1.0f, Vv.data(), Vp);
+    load(a.g, row_qk(b, t0, h), H * K, cn, K, 1.0f, G.data(), Kp);
+    for (int64_t r = 0; r < cn; ++r) {
+      for (int64_t d = 0; d < K; ++d) gmax = std::max(gmax, G[r * Kp + d]);
+      beta[r] = a.beta.data<float>()[(b * T + t0 + r) * H + h];
+    }
+    cumsum2(cn, Kp, G.data(), Gl.data());
+    decays(cn, Kp, Q.data(), Kc.data(), G.data(), Gl.data(), Gam.data(), Ed.data(), Qg.data(),
+           Kg.data(), Kd.data());
+    transpose(Kc.data(), cn, K, Kp, KT.data(), Cp);
+    transpose(G.data(), cn, K, Kp, GT.data(), Cp);
+    transpose(Gl.data(), cn, K, Kp, LT.data(), Cp);
+    factor = gmax <= 0.0f;
+    if (factor)
+      for (int64_t i0 = 0; i0 < cn; i0 += kBlk) {
+        const int64_t i1 = std::min(cn, i0 + kBlk), last = (i1 - 1) * Kp;
+        right_factors(i0, i1, Kp, Kc.data(), G.data(), Gl.data(), &G[last], &Gl[last], ER.data(),
+                      KR.data());
+        float span = 0.0f;
+        for (int64_t d = 0; d < K; ++d) span = std::max(span, G[i0 * Kp + d] - G[last + d]);
+        const int64_t m = (i0 + i1 - 1) / 2;
+        mid[i0 / kBlk] = span <= 80.0f ? m : -1;
+        if (span <= 80.0f)
+          right_factors(i0, i1, Kp, Kc.data(), G.data(), Gl.data(), &G[m * Kp], &Gl[m * Kp],
+                        ED.data(), KD.data());
+      }
+    if (factor) {
+      transpose(KR.data(), cn, K, Kp, KRT.data(), Cp);
+      transpose(KD.data(), cn, K, Kp, KDT.data(), Cp);
+    }
+    for (int64_t r0 = 0; r0 < cn; r0 += kBlk) {
+      const int64_t r1 = std::min(cn, r0 + kBlk);
+      for (int64_t i0 = 0; i0 <= r0; i0 += kBlk) {
+        if (direct(r0, i0)) {
+          pair_sums_direct(r0, r1, i0, K, Cp, Kp, Q.data(), Kc.data(), G.data(), Gl.data(),
+                           KT.data(), GT.data(), LT.data(), M.data(), P.data());
+          continue;
+        }
+        const Right rf = left(r0, r1, i0);
+        mm(kBlk, kBlk, K, KL.data(), Kp, 1, rf.krt, Cp, &M[r0 * Cp + i0], Cp, false);
+        mm(kBlk, kBlk, K, QL.data(), Kp, 1, rf.krt, Cp, &P[r0 * Cp + i0], Cp, false);
+        if (i0 == r0)  // clear the non-causal half of a diagonal block
+          for (int64_t r = r0; r < r0 + kBlk; ++r)
+            for (int64_t i = r; i < r0 + kBlk; ++i) {
+              M[r * Cp + i] = 0.0f;
+              if (i > r) P[r * Cp + i] = 0.0f;
+            }
+      }
+    }
+    // R = V - Kg S; Ṽ_r = β_r (R_r - sum_{i<r} M_ri Ṽ_i).
+    mm(Cp, Vp, K, Kg.data(), Kp, 1, S.data(), Vp, R.data(), Vp, false);
+    for (int64_t i = 0; i < Cp * Vp; ++i) R[i] = Vv[i] - R[i];
+    std::fill(Vt.begin(), Vt.end(), 0.0f);
+    solve_lower(cn, Cp, Vp, M.data(), beta.data(), R.data(), Vt.data());
+  }
+};
+
+void check_dtypes(const char* op, const KdaArgs& a) {
+  check_row_dtype(op, a.q.dtype());
+  MYRIAD_CHECK(a.g.dtype() == DType::F32, op, ": the cpu kernel expects f32 gates, got ",
+               a.g.desc());
+}
+
+void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
+  check_dtypes("kda", a);
+  parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
+    Work w(a);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / w.H, h = bh % w.H;
+      std::fill(w.S.begin(), w.S.end(), 0.0f);
+      if (a.h0.defined()) w.load_state(a.h0, w.state(b, h));
+      for (int64_t c = 0; c < w.NC; ++c) {
+        const int64_t t0 = c * w.C, cn = std::min(w.C, w.T - t0);
+        if (saved.defined()) w.store_state(saved, w.saved(b, h, c));
+        w.chunk(a, b, h, t0, cn);
+        // O = Qg S + P Ṽ
+        mm(w.Cp, w.Vp, w.K, w.Qg.data(), w.Kp, 1, w.S.data(), w.Vp, w.O.data(), w.Vp, false);
+        mm(w.Cp, w.Vp, cn, w.P.data(), w.Cp, 1, w.Vt.data(), w.Vp, w.O.data(), w.Vp, true);
+        store(w.O.data(), w.Vp, cn, w.V, 1.0f, o, w.row_v(b, t0, h), w.H * w.V);
+        // S = Diag(Γ_C) S + Kd^T Ṽ
+        const float* gl = &w.Gam[(cn - 1) * w.Kp];
+        for (int64_t d = 0; d < w.K; ++d)
+          for (int64_t j = 0; j < w.Vp; ++j) w.S[d * w.Vp + j] *= gl[d];
+        mm(w.Kp, w.Vp, cn, w.Kd.data(), 1, w.Kp, w.Vt.data(), w.Vp, w.S.data(), w.Vp, true);
+      }
+      w.store_state(ht, w.state(b, h));
+    }
+  });
+}
+
+void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, const Tensor& dht,
+                      KdaGrads& gr) {
+  check_dtypes("kda_backward", a);
+  parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
+    Work w(a);
+    const int64_t Cp = w.Cp, Kp = w.Kp, Vp = w.Vp, K = w.K, V = w.V;
+    std::vector<float> dO(Cp * Vp), dVt(Cp * Vp), X(Cp * Vp), nDR(Cp * Vp);
+    std::vector<float> ST(Vp * Kp), dST(Vp * Kp), VtT(Vp * Cp);
+    std::vector<float> DOS(Cp * Kp), VDS(Cp * Kp), NRS(Cp * Kp), Ga(Cp * Kp), Gb(Cp * Kp),
+        Gc(Cp * Kp), dG(Cp * Kp), dQ(Cp * Kp), dK(Cp * Kp), T1(kBlk * Kp), T2(kBlk * Kp);
+    std::vector<float> dP(Cp * Cp), XV(Cp * Cp), dM(Cp * Cp), dbeta(Cp);
+    std::vector<float> dS(Kp * Vp), dSn(Kp * Vp);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / w.H, h = bh % w.H;
+      std::fill(dS.begin(), dS.end(), 0.0f);
+      load(dht, w.state(b, h), V, K, V, 1.0f, dS.data(), Vp);
+      for (int64_t c = w.NC - 1; c >= 0; --c) {
+        const int64_t t0 = c * w.C, cn = std::min(w.C, w.T - t0);
+        std::fill(w.S.begin(), w.S.end(), 0.0f);
+        w.load_state(saved, w.saved(b, h, c));
+        w.chunk(a, b, h, t0, cn);
+        std::fill(dO.begin(), dO.end(), 0.0f);
+        load(d_o, w.row_v(b, t0, h), w.H * V, cn, V, 1.0f, dO.data(), Vp);
+        // dṼ = P^T dO + Kd dS'
+        mm(Cp, Vp, cn, w.P.data(), 1, Cp, dO.data(), Vp, dVt.data(), Vp, false);
+        mm(Cp, Vp, K, w.Kd.data(), Kp, 1, dS.data(), Vp, dVt.data(), Vp, true);
+        // (I + L)^T X = dṼ with L_ir = β_i M_ir; nDR = -β X.
+        std::fill(X.begin(), X.end(), 0.0f);
+        solve_upper_t(cn, Cp, Vp, w.M.data(), w.beta.data(), dVt.data(), X.data());
+        for (int64_t r = 0; r < Cp; ++r)
+          for (int64_t j = 0; j < Vp; ++j) nDR[r * Vp + j] = -w.beta[r] * X[r * Vp + j];
+        // DOS = dO S^T, VDS = Ṽ dS'^T, NRS = -dR S^T.
+        transpose(w.S.data(), Kp, Vp, Vp, ST.data(), Kp);
+        transpose(dS.data(), Kp, Vp, Vp, dST.data(), Kp);
+        transpose(w.Vt.data(), Cp, Vp, Vp, VtT.data(), Cp);
+        mm(Cp, Kp, V, dO.data(), Vp, 1, ST.data(), Kp, DOS.data(), Kp, false);
+        mm(Cp, Kp, V, w.Vt.data(), Vp, 1, dST.data(), Kp, VDS.data(), Kp, false);
+        mm(Cp, Kp, V, nDR.data(), Vp, 1, ST.data(), Kp, NRS.data(), Kp, false);
+        // dP = dO Ṽ^T; dL = -X Ṽ^T; dM = β dL; dβ.
+        mm(Cp, Cp, V, dO.data(), Vp, 1, VtT.data(), Cp, dP.data(), Cp, false);
+        for (int64_t r = 0; r < Cp; ++r)
+          for (int64_t i = r + 1; i < Cp; ++i) dP[r * Cp + i] = 0.0f;
+        mm(Cp, Cp, V, X.data(), Vp, 1, VtT.data(), Cp, XV.data(), Cp, false);
+        std::fill(dM.begin(), dM.end(), 0.0f);
+        for (int64_t r = 0; r < cn; ++r) {
+          float db = 0.0f;
+          for (int64_t j = 0; j < Vp; ++j) db += X[r * Vp + j] * w.R[r * Vp + j];
+          for (int64_t i = 0; i < r; ++i) {
+            db -= w.M[r * Cp + i] * XV[r * Cp + i];
+            dM[r * Cp + i] = -w.beta[r] * XV[r * Cp + i];
+          }
+          dbeta[r] = db;
+        }
+        std::fill(Ga.begin(), Ga.end(), 0.0f);
+        std::fill(Gb.begin(), Gb.end(), 0.0f);
+        std::fill(Gc.begin(), Gc.end(), 0.0f);
+        for (int64_t r0 = 0; r0 < cn; r0 += kBlk) {
+          const int64_t r1 = std::min(cn, r0 + kBlk);
+          for (int64_t i0 = 0; i0 <= r0; i0 += kBlk) {
+            if (w.direct(r0, i0)) {
+              pair_grads_direct(r0, r1, i0, i0 + kBlk, Kp, Cp, w.Q.data(), w.Kc.data(), w.G.data(),
+                                w.Gl.data(), dM.data(), dP.data(), Ga.data(), Gb.data(), Gc.data());
+              continue;
+            }
+            // a_r += EL_r (dM KR)_r, b_r += EL_r (dP KR)_r, c_i += ER_i (dM^T KL + dP^T QL)_i
+            const Work::Right rf = w.left(r0, r1, i0);
+            const float* dMb = &dM[r0 * Cp + i0];
+            const float* dPb = &dP[r0 * Cp + i0];
+            mm(kBlk, Kp, kBlk, dMb, Cp, 1, rf.kr, Kp, T1.data(), Kp, false);
+            for (int64_t r = 0; r < r1 - r0; ++r)
+              fma_rows(&Ga[(r0 + r) * Kp], &w.EL[r * Kp], &T1[r * Kp], Kp);
+            mm(kBlk, Kp, kBlk, dPb, Cp, 1, rf.kr, Kp, T1.data(), Kp, false);
+            for (int64_t r = 0; r < r1 - r0; ++r)
+              fma_rows(&Gb[(r0 + r) * Kp], &w.EL[r * Kp], &T1[r * Kp], Kp);
+            mm(kBlk, Kp, kBlk, dMb, 1, Cp, w.KL.data(), Kp, T2.data(), Kp, false);
+            mm(kBlk, Kp, kBlk, dPb, 1, Cp, w.QL.data(), Kp, T2.data(), Kp, true);
+            for (int64_t i = 0; i < kBlk; ++i)
+              fma_rows(&Gc[(i0 + i) * Kp], rf.er + i * Kp, &T2[i * Kp], Kp);
+          }
+        }
+        // dQ, dK, dV, dβ, dg.
+        const RowGrads rg{w.Q.data(),  w.Kc.data(), w.Gam.data(), w.Ed.data(), w.Qg.data(),
+                          w.Kg.data(), w.Kd.data(), DOS.data(),   VDS.data(),  NRS.data(),
+                          Ga.data(),   Gb.data(),   Gc.data()};
+        row_grads(cn * Kp, rg, dQ.data(), dK.data(), dG.data());
+        const float* gl = &w.Gam[(cn - 1) * Kp];
+        finish_dg(cn, K, Kp, Vp, w.Kd.data(), VDS.data(), gl, w.S.data(), dS.data(), dG.data());
+        const int64_t qk = w.row_qk(b, t0, h), vv = w.row_v(b, t0, h);
+        store(dQ.data(), Kp, cn, K, w.scale, gr.dq, qk, w.H * K);
+        store(dK.data(), Kp, cn, K, 1.0f, gr.dk, qk, w.H * K);
+        store(dG.data(), Kp, cn, K, 1.0f, gr.dg, qk, w.H * K);
+        store(nDR.data(), Vp, cn, V, -1.0f, gr.dv, vv, w.H * V);
+        for (int64_t r = 0; r < cn; ++r)
+          gr.dbeta.data<float>()[(b * w.T + t0 + r) * w.H + h] = dbeta[r];
+        // dS = Qg^T dO + Γ_C dS' - Kg^T dR
+        mm(Kp, Vp, cn, w.Qg.data(), 1, Kp, dO.data(), Vp, dSn.data(), Vp, false);
+        mm(Kp, Vp, cn, w.Kg.data(), 1, Kp, nDR.data(), Vp, dSn.data(), Vp, true);
+        for (int64_t d = 0; d < K; ++d)
+          for (int64_t j = 0; j < Vp; ++j) dSn[d * Vp + j] += gl[d] * dS[d * Vp + j];
+        std::swap(dS, dSn);
+      }
+      store(dS.data(), Vp, K, V, 1.0f, gr.dh0, w.state(b, h), V);
+    }
+  });
+}
+
+// The direct recurrent update for one token.
+MYRIAD_CPU_CLONES void step_head(const float* q, const float* k, const float* v, const float* g,
+                                 float beta, float* S, float* e, float* o, int64_t K, int64_t V) {
+  for (int64_t j = 0; j < V; ++j) e[j] = v[j];
+  for (int64_t d = 0; d < K; ++d) {
+    const float alpha = fast_exp(g[d]);
+    float* s = S + d * V;
+    for (int64_t j = 0; j < V; ++j) {
+      s[j] *= alpha;
+      e[j] -= k[d] * s[j];
+    }
+  }
+  for (int64_t j = 0; j < V; ++j) o[j] = 0.0f;
+  for (int64_t d = 0; d < K; ++d) {
+    float* s = S + d * V;
+    const float bk = beta * k[d];
+    for (int64_t j = 0; j < V; ++j) {
+      s[j] += bk * e[j];
+      o[j] += q[d] * s[j];
+    }
+  }
+}
+
+void kda_step_cpu(const KdaArgs& a, Tensor& o, Tensor& new_state) {
+  check_dtypes("kda_step", a);
+  const int64_t B = a.q.size(0), H = a.q.size(2), K = a.q.size(3), V = a.v.size(3);
+  parallel_for(B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> q(K), k(K), v(V), e(V), S(K * V);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      load(a.q, bh * K, K, 1, K, static_cast<float>(a.scale), q.data(), K);
+      load(a.k, bh * K, K, 1, K, 1.0f, k.data(), K);
+      load(a.v, bh * V, V, 1, V, 1.0f, v.data(), V);
+      if (a.h0.defined())
+        load(a.h0, bh * K * V, V, K, V, 1.0f, S.data(), V);
+      else
+        std::fill(S.begin(), S.end(), 0.0f);
+      step_head(q.data(), k.data(), v.data(), a.g.data<float>() + bh * K, a.beta.data<float>()[bh],
+                S.data(), e.data(), o.data<float>() + bh * V, K, V);
+      std::copy(S.begin(), S.end(), new_state.data<float>() + bh * K * V);
+    }
+  });
+}
+
+}  // namespace
+
+MYRIAD_REGISTER_KERNEL(ops::kda_kernels, ops::Backend::CPU, &kda_cpu);
+MYRIAD_REGISTER_KERNEL(ops::kda_backward_kernels, ops::Backend::CPU, &kda_backward_cpu);
+MYRIAD_REGISTER_KERNEL(ops::kda_step_kernels, ops::Backend::CPU, &kda_step_cpu);
+
+}  // namespace myriad::cpu
