@@ -1,5 +1,7 @@
 // Everything in ops/, for model code and tests.
 #pragma once
+#include "ops/attention.h"
+#include "ops/attn_res.h"
 #include "ops/conv1d.h"
 #include "ops/cross_entropy.h"
 #include "ops/cumsum.h"
@@ -10,5 +12,6 @@
 #include "ops/reduce.h"
 #include "ops/rmsnorm.h"
 #include "ops/shape.h"
+#include "ops/situ.h"
 #include "ops/softmax.h"
 #include "ops/topk.h"
