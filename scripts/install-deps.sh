@@ -3,7 +3,8 @@
 # only what is missing, so a second run costs a few dpkg queries.
 set -euo pipefail
 PKGS=(cmake ninja-build g++ ccache clang-format pkg-config
-      libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
+      libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
+      clang libclang-rt-14-dev libomp-dev)  # the last three: the libFuzzer targets
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,7 +2,8 @@
 # The test command: installs dependencies, builds the release preset (CUDA backend included when
 # nvcc is present; its tests run when a GPU is visible and print as skipped otherwise), runs every
 # test, then rebuilds CPU-only with AddressSanitizer + UBSan and runs the tests again.
-# MYRIAD_SKIP_ASAN=1 skips the sanitizer pass.
+# Last, the fuzz targets for the untrusted-input parsers run for a bounded time
+# (MYRIAD_FUZZ_SECONDS per target, default 30 here). MYRIAD_SKIP_ASAN=1 skips the sanitizer pass.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -20,3 +21,6 @@ if [ "${MYRIAD_SKIP_ASAN:-0}" != 1 ]; then
   cmake --build --preset debug-asan -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset debug-asan -j "$jobs"
 fi
+
+echo "== fuzz targets (${MYRIAD_FUZZ_SECONDS:-30} s each) =="
+MYRIAD_FUZZ_SECONDS=${MYRIAD_FUZZ_SECONDS:-30} scripts/fuzz.sh
