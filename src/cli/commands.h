@@ -1,5 +1,6 @@
 // Subcommand entry points of the myriad binary.
 #pragma once
+#include <string>
 
 namespace myriad::cli {
 
@@ -8,5 +9,9 @@ struct SelfcheckOptions {
   int reps = 3;
 };
 int selfcheck(const SelfcheckOptions& opt);
+
+// `myriad logits MODEL_DIR --tokens IN --out OUT` and `myriad inspect MODEL_DIR`.
+int logits(const std::string& model_dir, const std::string& tokens, const std::string& out);
+int inspect(const std::string& model_dir);
 
 }  // namespace myriad::cli

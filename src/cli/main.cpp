@@ -13,9 +13,21 @@ int main(int argc, char** argv) {
       "selfcheck", "check every op against its reference and time both (prints what it measured)");
   selfcheck->add_option("--scale", sc.scale, "problem size multiplier")->check(CLI::Range(1, 64));
   selfcheck->add_option("--reps", sc.reps, "timed repetitions per op")->check(CLI::Range(1, 1000));
+  std::string model_dir, tokens, out;
+  auto* logits = app.add_subcommand("logits", "run a model on token ids and write its logits");
+  logits->add_option("model_dir", model_dir, "model directory (config.json + safetensors)")
+      ->required();
+  logits->add_option("--tokens", tokens, "safetensors file with i64 input_ids [B, T]")->required();
+  logits->add_option("--out", out, "where to write f32 logits [B, T, V]")->required();
+  auto* inspect = app.add_subcommand(
+      "inspect", "print a model's layers, parameter counts and decode-cache sizes");
+  inspect->add_option("model_dir", model_dir, "model directory, config.json, or a preset name")
+      ->required();
   CLI11_PARSE(app, argc, argv);
   try {
     if (*selfcheck) return myriad::cli::selfcheck(sc);
+    if (*logits) return myriad::cli::logits(model_dir, tokens, out);
+    if (*inspect) return myriad::cli::inspect(model_dir);
   } catch (const myriad::Error& e) {
     std::fprintf(stderr, "myriad: error: %s\n", e.what());
     return 1;

@@ -1,0 +1,43 @@
+// Decode state (MODEL.md §3.3, §4.8, §9): per KDA layer a constant-size recurrent state and conv
+// state, per MLA layer the growing cache of [ĉ (r_kv) ; k^pe (d_pe)] latents. Nothing for MoE,
+// SiTU or AttnRes. A fresh cache is empty; Decoder::forward fills and extends it.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace myriad::model {
+
+struct KdaState {
+  Tensor conv_BCK;  // [B, 3P, K-1]: the last K-1 pre-conv [q̂; k̂; v̂] inputs
+  Tensor S_BHKV;    // [B, H, d_k, d_v] f32
+};
+
+struct MlaState {
+  Tensor latent_BSC;  // [B, S, r_kv + d_pe]; k^pe stored already rotated under RoPE
+  int64_t length() const { return latent_BSC.defined() ? latent_BSC.size(1) : 0; }
+};
+
+struct DecodeCache {
+  int64_t position = 0;       // tokens processed so far
+  std::vector<KdaState> kda;  // indexed by layer (unused for MLA layers)
+  std::vector<MlaState> mla;  // indexed by layer (unused for KDA layers)
+  explicit DecodeCache(int64_t num_layers = 0) : kda(num_layers), mla(num_layers) {}
+  size_t bytes() const;  // what the held tensors occupy
+};
+
+// Cache sizes for a config, with `bytes_per_value` for the stored dtype (2 for bf16).
+struct CacheSizes {
+  int64_t mla_bytes_per_token_per_layer = 0;  // (r_kv + d_pe) values
+  int64_t mla_bytes_per_token = 0;            // all MLA layers
+  int64_t kda_state_bytes_per_layer = 0;      // H·d_k·d_v values (f32: 4 bytes)
+  int64_t kda_conv_bytes_per_layer = 0;       // 3P·(K-1) values
+  int64_t kda_bytes = 0;                      // all KDA layers, state + conv
+  int64_t bytes_at(int64_t tokens) const { return kda_bytes + mla_bytes_per_token * tokens; }
+};
+CacheSizes cache_sizes(const ModelConfig& c, int64_t bytes_per_value = 2,
+                       int64_t state_bytes_per_value = 4);
+
+}  // namespace myriad::model

@@ -1,0 +1,164 @@
+#include "model/decoder.h"
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/attn_res.h"
+#include "ops/ops.h"
+
+namespace myriad::model {
+
+Decoder::Decoder(ModelConfig config, Weights weights)
+    : config_(std::move(config)), weights_(std::make_unique<Weights>(std::move(weights))) {
+  const ModelConfig& c = config_;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    Layer l;
+    if (c.is_mla_layer(i))
+      l.mla.emplace(c, weights_.get(), i);
+    else
+      l.kda.emplace(c, weights_.get(), i);
+    if (c.is_moe_layer(i))
+      l.moe.emplace(c, weights_.get(), i);
+    else
+      l.dense.emplace(c, weights_.get(), i);
+    layers_.push_back(std::move(l));
+  }
+  for (const auto& s : param_specs(c))
+    MYRIAD_CHECK(weights_->contains(s.name), "model: weights lack ", s.name);
+}
+
+std::vector<ParamSpec> Decoder::param_specs(const ModelConfig& c) {
+  c.validate();
+  const int64_t d = c.hidden_size, V = c.vocab_size;
+  std::vector<ParamSpec> out;
+  out.push_back({"model.embed_tokens.weight", {V, d}, Init::Normal, true, {}, {}});
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string p = layer_prefix(i);
+    out.push_back({p + "input_layernorm.weight", {d}, Init::Ones, true, {}, {}});
+    out.push_back({p + "post_attention_layernorm.weight", {d}, Init::Ones, true, {}, {}});
+    if (c.uses_attn_res())
+      for (const char* n : {"self_attention_res_", "mlp_res_"}) {
+        out.push_back({p + n + "norm.weight", {d}, Init::Ones, true, {}, {}});
+        out.push_back({p + n + "proj.weight", {1, d}, Init::Zeros, true, {}, {}});
+      }
+    if (c.is_mla_layer(i))
+      MlaLayer::add_specs(c, i, out);
+    else
+      KdaLayer::add_specs(c, i, out);
+    if (c.is_moe_layer(i))
+      Moe::add_specs(c, i, out);
+    else
+      DenseFfn::add_specs(c, i, out);
+  }
+  out.push_back({"model.norm.weight", {d}, Init::Ones, true, {}, {}});
+  if (c.uses_attn_res()) {
+    out.push_back({"model.output_attn_res_norm.weight", {d}, Init::Ones, true, {}, {}});
+    out.push_back({"model.output_attn_res_proj.weight", {1, d}, Init::Zeros, true, {}, {}});
+  }
+  out.push_back({"lm_head.weight", {V, d}, Init::Normal, true, {}, {}});
+  return out;
+}
+
+Decoder Decoder::load(const std::string& dir, DType dtype) {
+  ModelConfig c = ModelConfig::load(dir);
+  return Decoder(c, Weights::load(dir, param_specs(c), dtype));
+}
+
+Decoder Decoder::random(const ModelConfig& c, uint64_t seed, DType dtype) {
+  return Decoder(c, Weights::init(param_specs(c), seed, c.initializer_range, dtype));
+}
+
+Tensor Decoder::attn(int64_t i, const Tensor& x_BTD, DecodeCache* cache) const {
+  const Layer& l = layers_[i];
+  if (l.kda) return l.kda->forward(x_BTD, cache ? &cache->kda[i] : nullptr);
+  return l.mla->forward(x_BTD, cache ? &cache->mla[i] : nullptr, cache ? cache->position : 0);
+}
+
+Tensor Decoder::ffn(int64_t i, const Tensor& x_BTD) const {
+  const Layer& l = layers_[i];
+  return l.moe ? l.moe->forward(x_BTD) : l.dense->forward(x_BTD);
+}
+
+ForwardOutput Decoder::forward(const Tensor& ids_BT, DecodeCache* cache, ForwardOptions opt) const {
+  const ModelConfig& c = config_;
+  MYRIAD_CHECK(ids_BT.dim() == 2 && ids_BT.size(1) >= 1, "model: input_ids must be [B, T], got ",
+               ids_BT.desc());
+  MYRIAD_CHECK(!cache || static_cast<int64_t>(cache->kda.size()) == c.num_hidden_layers,
+               "model: the cache was made for another model");
+  const double eps = c.rms_norm_eps;
+  ForwardOutput out;
+  Tensor h = ops::embedding(w("model.embed_tokens.weight"), ids_BT);
+  auto keep = [&](std::vector<Tensor>& v, const Tensor& t) {
+    if (opt.record) v.push_back(t);
+  };
+  if (!c.uses_attn_res()) {
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const std::string p = layer_prefix(i);
+      Tensor a = attn(i, ops::rms_norm(h, w(p + "input_layernorm.weight"), eps), cache);
+      h = ops::add(h, a);
+      Tensor f = ffn(i, ops::rms_norm(h, w(p + "post_attention_layernorm.weight"), eps));
+      h = ops::add(h, f);
+      keep(out.attn_out, a), keep(out.ffn_out, f), keep(out.hidden, h);
+    }
+  } else {
+    // Block AttnRes, the exact K3 code path (MODEL.md §7): B = completed block sums, P = the
+    // running partial sum of the current block.
+    const int64_t S = c.attn_res_block_size;
+    std::vector<Tensor> blocks;
+    Tensor P = h;
+    auto mix = [&](const std::string& pair, const Tensor& partial) {
+      std::vector<Tensor> src = blocks;
+      src.push_back(partial);
+      return ops::attn_res(src, w(pair + "proj.weight"), w(pair + "norm.weight"), eps);
+    };
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const std::string p = layer_prefix(i);
+      Tensor X = blocks.empty() ? P : mix(p + "self_attention_res_", P);
+      bool fresh = false;
+      if (i % S == 0) blocks.push_back(P), fresh = true;
+      Tensor a = attn(i, ops::rms_norm(X, w(p + "input_layernorm.weight"), eps), cache);
+      P = fresh ? a : ops::add(P, a);
+      X = mix(p + "mlp_res_", P);
+      Tensor f = ffn(i, ops::rms_norm(X, w(p + "post_attention_layernorm.weight"), eps));
+      P = ops::add(P, f);
+      keep(out.attn_out, a), keep(out.ffn_out, f), keep(out.hidden, P);
+    }
+    h = mix("model.output_attn_res_", P);
+  }
+  if (cache) cache->position += ids_BT.size(1);
+  out.normed_BTD = ops::rms_norm(h, w("model.norm.weight"), eps);
+  if (opt.logits) out.logits_BTV = ops::linear(out.normed_BTD, w("lm_head.weight"));
+  return out;
+}
+
+Tensor Decoder::loss(const Tensor& ids_BT) const {
+  const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
+  ForwardOutput f = forward(ids_BT, nullptr, {.logits = false});
+  std::vector<int64_t> ids = ids_BT.to_ints(), tgt(B * T, ops::kIgnoreIndex);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t + 1 < T; ++t) tgt[b * T + t] = ids[b * T + t + 1];
+  Tensor targets = Tensor::from_ints(tgt, {B * T}, DType::I64, ids_BT.device());
+  const int64_t d = config_.hidden_size;
+  return ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * T, d}), w("lm_head.weight"),
+                                   targets);
+}
+
+Decoder::Generation Decoder::generate_greedy(const Tensor& prompt_1T, int64_t new_tokens) const {
+  MYRIAD_CHECK(prompt_1T.dim() == 2 && prompt_1T.size(0) == 1,
+               "generate: the prompt must be [1, T], got ", prompt_1T.desc());
+  NoGradGuard ng;
+  Generation g;
+  DecodeCache cache = new_cache();
+  Tensor in = prompt_1T;
+  for (int64_t k = 0; k < new_tokens; ++k) {
+    Tensor logits = forward(in, &cache).logits_BTV;
+    const int64_t T = logits.size(1);
+    Tensor last = ops::contiguous(ops::reshape(ops::slice(logits, 1, T - 1, T), {-1}));
+    const int64_t next = ops::max(last, 0).indices.to_ints()[0];
+    g.ids.push_back(next);
+    g.step_logits.push_back(last);
+    in = Tensor::from_ints(std::vector<int64_t>{next}, {1, 1}, DType::I64, prompt_1T.device());
+  }
+  return g;
+}
+
+}  // namespace myriad::model

@@ -1,0 +1,76 @@
+// The decoder (MODEL.md §2, §5, §7, §9): token embedding, L layers of {KDA or MLA} + {dense or
+// MoE FFN} with pre-norm residuals or K3 Block AttnRes, final RMSNorm and the untied LM head.
+// The layout comes from the config. Forward runs uncached (training, reference parity) or with a
+// DecodeCache (prefill, continuing segments, token-by-token decode).
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/cache.h"
+#include "model/config.h"
+#include "model/ffn.h"
+#include "model/kda_layer.h"
+#include "model/mla_layer.h"
+#include "model/moe.h"
+#include "model/weights.h"
+
+namespace myriad::model {
+
+struct ForwardOptions {
+  bool logits = true;   // compute [B, T, V] logits (the loss needs only the normed hidden)
+  bool record = false;  // keep the per-layer tensors below
+};
+
+struct ForwardOutput {
+  Tensor logits_BTV;                              // when requested
+  Tensor normed_BTD;                              // the final-norm output that feeds the LM head
+  std::vector<Tensor> hidden, attn_out, ffn_out;  // per layer, when recorded
+};
+
+class Decoder {
+ public:
+  Decoder(ModelConfig config, Weights weights);
+  // Everything a config expects, in checkpoint names and shapes.
+  static std::vector<ParamSpec> param_specs(const ModelConfig& c);
+  // config.json + safetensors from a model directory (f32).
+  static Decoder load(const std::string& dir, DType dtype = DType::F32);
+  // Fresh parameters (MODEL.md init rules), deterministic for a seed.
+  static Decoder random(const ModelConfig& c, uint64_t seed, DType dtype = DType::F32);
+
+  const ModelConfig& config() const { return config_; }
+  Weights& weights() { return *weights_; }
+  const Weights& weights() const { return *weights_; }
+  DecodeCache new_cache() const { return DecodeCache(config_.num_hidden_layers); }
+
+  // ids [B, T] (i32/i64). With a cache, continues from it and extends it.
+  ForwardOutput forward(const Tensor& ids_BT, DecodeCache* cache = nullptr,
+                        ForwardOptions opt = {}) const;
+  // Mean next-token cross-entropy: position t is scored against ids[t+1]; the last is ignored.
+  Tensor loss(const Tensor& ids_BT) const;
+
+  struct Generation {
+    std::vector<int64_t> ids;         // the new tokens
+    std::vector<Tensor> step_logits;  // [V] logits that picked each one
+  };
+  // Greedy decoding from a prompt [1, T]: prefill into a fresh cache, then one token at a time.
+  Generation generate_greedy(const Tensor& prompt_1T, int64_t new_tokens) const;
+
+ private:
+  struct Layer {
+    std::optional<KdaLayer> kda;
+    std::optional<MlaLayer> mla;
+    std::optional<DenseFfn> dense;
+    std::optional<Moe> moe;
+  };
+  Tensor attn(int64_t i, const Tensor& x_BTD, DecodeCache* cache) const;
+  Tensor ffn(int64_t i, const Tensor& x_BTD) const;
+  const Tensor& w(const std::string& name) const { return weights_->get(name); }
+
+  ModelConfig config_;
+  std::unique_ptr<Weights> weights_;  // stable address for the layers' pointers
+  std::vector<Layer> layers_;
+};
+
+}  // namespace myriad::model

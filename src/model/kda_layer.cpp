@@ -1,0 +1,82 @@
+#include "model/kda_layer.h"
+
+#include "ops/ops.h"
+
+namespace myriad::model {
+
+KdaLayer::KdaLayer(const ModelConfig& c, const Weights* w, int64_t layer)
+    : w_(w),
+      prefix_(layer_prefix(layer) + "self_attn."),
+      H_(c.linear_attn_config.num_heads),
+      dk_(c.linear_attn_config.head_dim),
+      K_(c.linear_attn_config.short_conv_kernel_size),
+      eps_(c.rms_norm_eps),
+      lower_bound_(c.linear_attn_config.gate_lower_bound.has_value()),
+      full_rank_gate_(c.linear_attn_config.use_full_rank_gate),
+      g_min_(c.linear_attn_config.gate_lower_bound.value_or(-5.0)) {}
+
+void KdaLayer::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>& out) {
+  const auto& lac = c.linear_attn_config;
+  const int64_t d = c.hidden_size, H = lac.num_heads, dk = lac.head_dim, P = H * dk,
+                K = lac.short_conv_kernel_size;
+  const std::string p = layer_prefix(layer) + "self_attn.";
+  auto add = [&](const std::string& n, Shape s, Init init = Init::Normal) {
+    out.push_back({p + n, std::move(s), init, true, {}, {}});
+  };
+  for (const char* x : {"q", "k", "v"}) add(std::string(x) + "_proj.weight", {P, d});
+  for (const char* x : {"q", "k", "v"}) add(std::string(x) + "_conv1d.weight", {P, 1, K});
+  add("f_a_proj.weight", {dk, d});
+  add("f_b_proj.weight", {P, dk});
+  add("dt_bias", {P}, Init::DtBias);
+  // The K3 lower-bounded gate starts from A_log = 0 (MODEL.md §4.1).
+  add("A_log", {1, 1, H, 1}, lac.gate_lower_bound ? Init::Zeros : Init::ALog);
+  add("b_proj.weight", {H, d});
+  if (lac.use_full_rank_gate) {
+    add("g_proj.weight", {P, d});
+  } else {
+    add("g_a_proj.weight", {dk, d});
+    add("g_b_proj.weight", {P, dk});
+  }
+  add("o_norm.weight", {dk}, Init::Ones);
+  add("o_proj.weight", {d, P});
+}
+
+Tensor KdaLayer::forward(const Tensor& x_BTD, KdaState* state) const {
+  const int64_t B = x_BTD.size(0), T = x_BTD.size(1), P = H_ * dk_;
+  // Projections and the short conv over [q̂; k̂; v̂] (tap K-1 multiplies the current token).
+  Tensor qkv_BTC =
+      ops::concat({ops::linear(x_BTD, w("q_proj.weight")), ops::linear(x_BTD, w("k_proj.weight")),
+                   ops::linear(x_BTD, w("v_proj.weight"))},
+                  -1);
+  Tensor wconv_CK = ops::concat(
+      {ops::reshape(w("q_conv1d.weight"), {P, K_}), ops::reshape(w("k_conv1d.weight"), {P, K_}),
+       ops::reshape(w("v_conv1d.weight"), {P, K_})},
+      0);
+  Tensor prev_conv = state ? state->conv_BCK : Tensor();
+  Tensor u_BTC = ops::silu(ops::conv1d_causal(qkv_BTC, wconv_CK, prev_conv));
+  if (state) state->conv_BCK = ops::conv1d_next_state(qkv_BTC, prev_conv, K_);
+  auto parts = ops::split(u_BTC, {P, P, P}, -1);
+  const Shape heads = {B, T, H_, dk_};
+  Tensor q = ops::l2norm(ops::reshape(parts[0], heads));
+  Tensor k = ops::l2norm(ops::reshape(parts[1], heads));
+  Tensor v = ops::reshape(parts[2], heads);
+  // Decay gate (f32) and write strength.
+  Tensor z_BTP = ops::linear(ops::linear(x_BTD, w("f_a_proj.weight")), w("f_b_proj.weight"));
+  Tensor g = lower_bound_ ? ops::kda_gate_lower_bound(z_BTP, w("A_log"), w("dt_bias"), g_min_)
+                          : ops::kda_gate_softplus(z_BTP, w("A_log"), w("dt_bias"));
+  g = ops::reshape(g, heads);
+  Tensor beta_BTH = ops::sigmoid(ops::linear(x_BTD, w("b_proj.weight")));
+  Tensor s0 = state ? state->S_BHKV : Tensor();
+  ops::KdaOutput r = state && T == 1 ? ops::kda_step(q, k, v, g, beta_BTH, s0)
+                                     : ops::kda(q, k, v, g, beta_BTH, s0);
+  if (state) state->S_BHKV = r.final_state;
+  // Gated RMSNorm per head (one weight shared by all heads), then o_proj.
+  Tensor gate = full_rank_gate_
+                    ? ops::linear(x_BTD, w("g_proj.weight"))
+                    : ops::linear(ops::linear(x_BTD, w("g_a_proj.weight")), w("g_b_proj.weight"));
+  Tensor o = ops::mul(ops::rms_norm(r.o, w("o_norm.weight"), eps_),
+                      ops::sigmoid(ops::reshape(gate, heads)));
+  return ops::linear(ops::reshape(o, {B, T, P}), w("o_proj.weight"));
+}
+
+}  // namespace myriad::model

@@ -1,0 +1,33 @@
+// The KDA attention sublayer (MODEL.md §4; transformers KimiLinearDeltaAttention as described in
+// docs/REFERENCE_NOTES.md §5): q/k/v projections, depthwise causal conv + SiLU, L2-normed q/k,
+// decay gate (softplus, or K3's lower bound), write strength β, the chunked delta rule (or one
+// recurrent step when decoding), gated RMSNorm with a low-rank or full-rank output gate, o_proj.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/cache.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace myriad::model {
+
+class KdaLayer {
+ public:
+  KdaLayer(const ModelConfig& c, const Weights* w, int64_t layer);
+  static void add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>& out);
+  // x [B, T, d] (after the pre-norm) -> [B, T, d]. With a state, continues from it and updates
+  // it (a single token runs the recurrent step); without, starts from zeros.
+  Tensor forward(const Tensor& x_BTD, KdaState* state = nullptr) const;
+
+ private:
+  const Tensor& w(const char* name) const { return w_->get(prefix_ + name); }
+  const Weights* w_;
+  std::string prefix_;
+  int64_t H_, dk_, K_;
+  double eps_;
+  bool lower_bound_, full_rank_gate_;
+  double g_min_;
+};
+
+}  // namespace myriad::model

@@ -1,0 +1,148 @@
+#include "model/moe.h"
+
+#include <algorithm>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace myriad::model {
+
+Moe::Moe(const ModelConfig& c, const Weights* w, int64_t layer)
+    : w_(w),
+      prefix_(prefix(c, layer)),
+      deepseek_names_(c.is_deepseek()),
+      act_(GluAct::from(c)),
+      n_(c.num_experts),
+      k_(c.num_experts_per_token),
+      groups_(c.num_expert_group),
+      topk_group_(c.topk_group),
+      shared_(c.num_shared_experts),
+      renorm_(c.moe_renormalize),
+      latent_(c.uses_latent_moe()),
+      latent_norm_(c.latent_moe_use_norm),
+      scale_(c.routed_scaling_factor),
+      eps_(c.rms_norm_eps) {
+  MYRIAD_CHECK(c.moe_router_activation_func == "sigmoid", "model: router activation ",
+               c.moe_router_activation_func, " is not supported (sigmoid only)");
+  MYRIAD_CHECK(groups_ >= 1 && n_ % groups_ == 0 && topk_group_ >= 1 && topk_group_ <= groups_,
+               "model: ", n_, " experts do not split into ", groups_, " groups (topk_group ",
+               topk_group_, ")");
+}
+
+std::string Moe::prefix(const ModelConfig& c, int64_t layer) {
+  return layer_prefix(layer) + (c.is_deepseek() ? "mlp." : "block_sparse_moe.");
+}
+
+std::string Moe::expert(int64_t j, int which) const {
+  static const char* kimi[] = {"w1", "w3", "w2"};
+  static const char* ds[] = {"gate_proj", "up_proj", "down_proj"};
+  return "experts." + std::to_string(j) + "." + (deepseek_names_ ? ds : kimi)[which] + ".weight";
+}
+
+void Moe::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>& out) {
+  const std::string p = prefix(c, layer);
+  const int64_t d = c.hidden_size, n = c.num_experts, I = c.moe_intermediate_size;
+  const int64_t l = c.routed_expert_hidden_size.value_or(d);
+  // transformers keeps the kimi MoE under mlp.* in memory, with fused experts (MODEL.md §11.2).
+  const std::string alt = c.is_deepseek() ? "" : layer_prefix(layer) + "mlp.";
+  auto add = [&](const std::string& nm, Shape s, Init init = Init::Normal, bool train = true,
+                 std::vector<FusedSource> fused = {}) {
+    std::vector<std::string> aliases;
+    if (!alt.empty()) aliases.push_back(alt + nm);
+    out.push_back({p + nm, std::move(s), init, train, aliases, std::move(fused)});
+  };
+  add("gate.weight", {n, d});
+  add("gate.e_score_correction_bias", {n}, Init::Zeros, false);
+  if (c.uses_latent_moe()) add("routed_expert_down_proj.weight", {l, d});
+  Moe names(c, nullptr, layer);
+  for (int64_t j = 0; j < n; ++j) {
+    std::vector<FusedSource> gu, dn;
+    for (const std::string& q : {p, alt})
+      if (!q.empty()) {
+        gu.push_back({q + "experts.gate_up_proj", j, 0, I});
+        dn.push_back({q + "experts.down_proj", j, 0, 0});
+      }
+    auto up = gu;
+    for (auto& f : up) f.begin = I, f.end = 2 * I;
+    add(names.expert(j, 0), {I, l}, Init::Normal, true, gu);
+    add(names.expert(j, 1), {I, l}, Init::Normal, true, up);
+    add(names.expert(j, 2), {l, I}, Init::Normal, true, dn);
+  }
+  if (c.uses_latent_moe()) {
+    if (c.latent_moe_use_norm) add("routed_expert_norm.weight", {l}, Init::Ones);
+    add("routed_expert_up_proj.weight", {d, l});
+  }
+  if (c.num_shared_experts > 0) {
+    const int64_t Is = c.num_shared_experts * I;
+    add("shared_experts.gate_proj.weight", {Is, d});
+    add("shared_experts.up_proj.weight", {Is, d});
+    add("shared_experts.down_proj.weight", {d, Is});
+  }
+}
+
+Routing Moe::route(const Tensor& x_ND) const {
+  const int64_t N = x_ND.size(0);
+  Tensor s_NE = ops::sigmoid(ops::linear(x_ND, w("gate.weight")));
+  Tensor idx;
+  {
+    NoGradGuard ng;  // selection carries no gradient; the bias only selects
+    Tensor sel = ops::add(s_NE.detach(), w("gate.e_score_correction_bias"));
+    if (groups_ > 1) {
+      const int64_t gsz = n_ / groups_;
+      Tensor top =
+          ops::topk(ops::reshape(sel, {N, groups_, gsz}), std::min<int64_t>(2, gsz)).values;
+      Tensor gidx = ops::topk(ops::sum(top, {-1}), topk_group_).indices;  // [N, topk_group]
+      Tensor keep =
+          ops::scatter_add(Tensor::zeros({N, groups_}, sel.dtype(), sel.device()), 1, gidx,
+                           Tensor::ones({N, topk_group_}, sel.dtype(), sel.device()));
+      Tensor keep_NE =
+          ops::reshape(ops::mul(Tensor::ones({N, groups_, gsz}, sel.dtype(), sel.device()),
+                                ops::unsqueeze(keep, -1)),
+                       {N, n_});
+      sel = ops::add(sel, ops::mul(ops::add(keep_NE, -1.0), 1e30));  // dropped groups -> -1e30
+    }
+    idx = ops::topk(sel, k_).indices;
+  }
+  Tensor p = ops::gather(s_NE, 1, idx);
+  if (renorm_) p = ops::div(p, ops::add(ops::sum(p, {-1}, true), 1e-20));
+  return {idx, ops::mul(p, scale_)};
+}
+
+Tensor Moe::forward(const Tensor& x_BTD) const {
+  const int64_t B = x_BTD.size(0), T = x_BTD.size(1), d = x_BTD.size(2), N = B * T;
+  Tensor x_ND = ops::reshape(x_BTD, {N, d});
+  Routing r = route(x_ND);
+  // Token lists per expert (host bookkeeping of the discrete choice).
+  const std::vector<int64_t> ids = r.idx_NK.to_ints();
+  std::vector<std::vector<int64_t>> rows(n_), slots(n_);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t s = 0; s < k_; ++s) {
+      const int64_t j = ids[t * k_ + s];
+      rows[j].push_back(t);
+      slots[j].push_back(t * k_ + s);
+    }
+  Tensor xin = latent_ ? ops::linear(x_ND, w("routed_expert_down_proj.weight")) : x_ND;
+  Tensor p_flat = ops::reshape(r.p_NK, {N * k_});
+  Tensor y = Tensor::zeros({N, xin.size(1)}, xin.dtype(), xin.device());
+  for (int64_t j = 0; j < n_; ++j) {  // in increasing expert order, as transformers sums
+    if (rows[j].empty()) continue;
+    const int64_t m = static_cast<int64_t>(rows[j].size());
+    Tensor rj = Tensor::from_ints(rows[j], {m}, DType::I64, xin.device());
+    Tensor sj = Tensor::from_ints(slots[j], {m}, DType::I64, xin.device());
+    Tensor yj = glu_mlp(act_, ops::index_select(xin, 0, rj), w(expert(j, 0)), w(expert(j, 1)),
+                        w(expert(j, 2)));
+    y = ops::index_add(y, 0, rj, ops::mul(yj, ops::unsqueeze(ops::index_select(p_flat, 0, sj), 1)));
+  }
+  if (latent_) {
+    if (latent_norm_) y = ops::rms_norm(y, w("routed_expert_norm.weight"), eps_);
+    y = ops::linear(y, w("routed_expert_up_proj.weight"));
+  }
+  if (shared_ > 0)
+    y = ops::add(y,
+                 glu_mlp(act_, x_ND, w("shared_experts.gate_proj.weight"),
+                         w("shared_experts.up_proj.weight"), w("shared_experts.down_proj.weight")));
+  return ops::reshape(y, {B, T, d});
+}
+
+}  // namespace myriad::model

@@ -1,0 +1,44 @@
+// The routed-expert FFN (MODEL.md §6; REFERENCE_NOTES §7): sigmoid router whose selection uses
+// the score plus the correction bias (selection only), DeepSeek group-limited selection when
+// num_expert_group > 1, top-k, weights from the unbiased scores renormalised (+1e-20) and times
+// routed_scaling_factor; experts run on their tokens (index_select), combined with index_add
+// weighted by p (differentiable in p and the experts). Optional K3 latent path: experts work in
+// a latent width ℓ between routed_expert_down_proj and an RMSNorm + routed_expert_up_proj.
+// Shared experts are one fused GLU MLP added unscaled.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/ffn.h"
+#include "model/weights.h"
+
+namespace myriad::model {
+
+struct Routing {
+  Tensor idx_NK;  // i64 [N, k], the chosen experts
+  Tensor p_NK;    // [N, k] mixture weights (differentiable)
+};
+
+class Moe {
+ public:
+  Moe(const ModelConfig& c, const Weights* w, int64_t layer);
+  static void add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>& out);
+  // The checkpoint prefix of layer i's MoE ("...block_sparse_moe." or deepseek's "...mlp.").
+  static std::string prefix(const ModelConfig& c, int64_t layer);
+  Routing route(const Tensor& x_ND) const;
+  Tensor forward(const Tensor& x_BTD) const;
+
+ private:
+  const Tensor& w(const std::string& name) const { return w_->get(prefix_ + name); }
+  std::string expert(int64_t j, int which) const;  // which: 0 gate, 1 up, 2 down
+  const Weights* w_;
+  std::string prefix_;
+  bool deepseek_names_;
+  GluAct act_;
+  int64_t n_, k_, groups_, topk_group_, shared_;
+  bool renorm_, latent_, latent_norm_;
+  double scale_, eps_;
+};
+
+}  // namespace myriad::model

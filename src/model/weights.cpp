@@ -1,0 +1,152 @@
+#include "model/weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "core/error.h"
+#include "core/random.h"
+#include "io/safetensors.h"
+#include "ops/shape.h"
+
+namespace myriad::model {
+
+Weights Weights::load(const std::string& path, const std::vector<ParamSpec>& specs, DType dtype) {
+  auto ck = safetensors::Checkpoint::open(path);
+  Weights w;
+  w.specs_ = specs;
+  std::set<std::string> used;
+  std::map<std::string, Tensor> fused;
+  std::vector<std::string> missing;
+  for (const auto& s : specs) {
+    std::string found;
+    if (ck.contains(s.name)) found = s.name;
+    for (const auto& a : s.aliases)
+      if (found.empty() && ck.contains(a)) found = a;
+    if (found.empty()) {
+      for (const auto& f : s.fused) {
+        if (!ck.contains(f.name)) continue;
+        auto it = fused.find(f.name);
+        if (it == fused.end()) it = fused.emplace(f.name, ck.load(f.name)).first;
+        const Tensor& t = it->second;
+        MYRIAD_CHECK(t.dim() == 3 && f.index < t.size(0) && f.end <= t.size(1), "weights: fused ",
+                     "tensor ", f.name, " in ", path, " has shape ", shape_str(t.shape()),
+                     ", too small for ", s.name);
+        const int64_t end = f.end > f.begin ? f.end : t.size(1);
+        Tensor part =
+            ops::squeeze(ops::slice(ops::slice(t, 0, f.index, f.index + 1), 1, f.begin, end), 0)
+                .clone();
+        MYRIAD_CHECK(part.shape() == s.shape, "weights: ", s.name, " from fused ", f.name, " in ",
+                     path, " has shape ", shape_str(part.shape()), ", expected ",
+                     shape_str(s.shape));
+        w.tensors_[s.name] = part.to(dtype);
+        used.insert(f.name);
+        found = f.name;
+        break;
+      }
+      if (found.empty()) missing.push_back(s.name);
+      continue;
+    }
+    const auto info = ck.info(found);
+    MYRIAD_CHECK(info.shape == s.shape, "weights: tensor ", found, " in ", path, " has shape ",
+                 shape_str(info.shape), ", expected ", shape_str(s.shape));
+    MYRIAD_CHECK(info.supported && is_floating(info.dtype), "weights: tensor ", found, " in ", path,
+                 " has unsupported dtype ", info.st_dtype);
+    Tensor t = ck.load(found);
+    w.tensors_[s.name] = t.dtype() == dtype ? t : t.to(dtype);
+    used.insert(found);
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 8) list += cat(", ... (", missing.size(), " in all)");
+    throw Error(cat("weights: ", path, " lacks tensor(s) ", list));
+  }
+  for (const auto& n : ck.names())
+    MYRIAD_CHECK(used.count(n), "weights: unexpected tensor ", n, " in ", path,
+                 " (not part of this model's config)");
+  return w;
+}
+
+Weights Weights::init(const std::vector<ParamSpec>& specs, uint64_t seed, double std, DType dtype) {
+  Generator gen(seed);
+  Weights w;
+  w.specs_ = specs;
+  for (const auto& s : specs) {
+    Tensor t;
+    switch (s.init) {
+      case Init::Normal:
+        t = gen.normal(s.shape, 0.0, std, dtype);
+        break;
+      case Init::Zeros:
+        t = Tensor::zeros(s.shape, dtype);
+        break;
+      case Init::Ones:
+        t = Tensor::ones(s.shape, dtype);
+        break;
+      case Init::ALog: {  // log U(1, 16)
+        std::vector<double> v(shape_numel(s.shape));
+        for (auto& x : v) x = std::log(1.0 + 15.0 * gen.uniform());
+        t = Tensor::from_doubles(v, s.shape, dtype);
+        break;
+      }
+      case Init::DtBias: {  // inverse softplus of dt, log dt ~ U(ln 1e-3, ln 1e-1), dt >= 1e-4
+        std::vector<double> v(shape_numel(s.shape));
+        for (auto& x : v) {
+          double dt = std::exp(std::log(1e-3) + gen.uniform() * (std::log(1e-1) - std::log(1e-3)));
+          dt = std::max(dt, 1e-4);
+          x = dt + std::log(-std::expm1(-dt));
+        }
+        t = Tensor::from_doubles(v, s.shape, dtype);
+        break;
+      }
+    }
+    w.tensors_[s.name] = t;
+  }
+  return w;
+}
+
+const Tensor& Weights::get(const std::string& name) const {
+  auto it = tensors_.find(name);
+  MYRIAD_CHECK(it != tensors_.end(), "weights: no tensor named ", name);
+  return it->second;
+}
+
+void Weights::set(const std::string& name, const Tensor& t) {
+  auto it = tensors_.find(name);
+  MYRIAD_CHECK(it != tensors_.end(), "weights: no tensor named ", name);
+  MYRIAD_CHECK(it->second.shape() == t.shape(), "weights: set ", name, " to ", t.desc(),
+               ", expected shape ", shape_str(it->second.shape()));
+  it->second = t;
+}
+
+std::string Weights::canonical(const std::string& name) const {
+  for (const auto& s : specs_) {
+    if (s.name == name) return name;
+    if (std::find(s.aliases.begin(), s.aliases.end(), name) != s.aliases.end()) return s.name;
+  }
+  return name;
+}
+
+void Weights::requires_grad_(bool on) {
+  for (const auto& s : specs_) {
+    Tensor& t = tensors_.at(s.name);
+    t = t.detach();
+    t.requires_grad_(on && s.trainable);
+  }
+}
+
+Weights Weights::to(DType dtype) const {
+  Weights w;
+  w.specs_ = specs_;
+  for (const auto& [n, t] : tensors_) w.tensors_[n] = t.detach().to(dtype);
+  return w;
+}
+
+void Weights::save(const std::string& path) const {
+  std::map<std::string, Tensor> m;
+  for (const auto& [n, t] : tensors_) m[n] = t.detach();
+  safetensors::save(path, m);
+}
+
+}  // namespace myriad::model

@@ -1,0 +1,71 @@
+// A name -> Tensor store for one model, in checkpoint layout and spelling (MODEL.md §11.2).
+// The model lists what it expects as ParamSpecs; loading checks a checkpoint against that list:
+// a missing, extra or misshaped tensor raises an error naming it. Modules then read tensors by
+// their canonical name.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace myriad::model {
+
+// How a fresh (untrained) parameter starts (MODEL.md §3.1, §4.1, §7).
+enum class Init : uint8_t { Normal, Zeros, Ones, ALog, DtBias };
+
+// A slice of a fused checkpoint tensor that can stand for a spec'd one: t[index, begin:end] (the
+// whole second dimension when end <= begin), e.g. expert j's w1 = gate_up_proj[j, :I].
+struct FusedSource {
+  std::string name;
+  int64_t index = 0, begin = 0, end = 0;
+};
+
+struct ParamSpec {
+  std::string name;  // canonical checkpoint name
+  Shape shape;
+  Init init = Init::Normal;
+  bool trainable = true;             // false for buffers (e_score_correction_bias)
+  std::vector<std::string> aliases;  // other accepted checkpoint spellings
+  std::vector<FusedSource> fused;    // fused layouts it may be read from (MODEL.md §11.2)
+};
+
+class Weights {
+ public:
+  Weights() = default;
+  // Reads every spec'd tensor from a checkpoint (a directory, a .safetensors file or an index),
+  // converted to `dtype`. Missing, extra and misshaped tensors raise errors naming them.
+  static Weights load(const std::string& path, const std::vector<ParamSpec>& specs,
+                      DType dtype = DType::F32);
+  // Fresh parameters: Normal ~ N(0, std^2), the rest per Init; deterministic for a seed.
+  static Weights init(const std::vector<ParamSpec>& specs, uint64_t seed, double std = 0.02,
+                      DType dtype = DType::F32);
+
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  // The tensor, or an error naming it.
+  const Tensor& get(const std::string& name) const;
+  void set(const std::string& name, const Tensor& t);
+  const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  // The canonical name a checkpoint spelling maps to (itself when it is canonical).
+  std::string canonical(const std::string& name) const;
+
+  // Marks every trainable tensor as a leaf that wants a gradient (or not), clearing old grads.
+  void requires_grad_(bool on = true);
+  // A copy (new storage) of every tensor in another dtype.
+  Weights to(DType dtype) const;
+  // Writes the store in checkpoint layout to `path` (a .safetensors file).
+  void save(const std::string& path) const;
+
+ private:
+  std::map<std::string, Tensor> tensors_;
+  std::vector<ParamSpec> specs_;
+};
+
+// "model.layers.{i}." (0-based i).
+inline std::string layer_prefix(int64_t i) {
+  return "model.layers." + std::to_string(i) + ".";
+}
+
+}  // namespace myriad::model
