@@ -9,7 +9,9 @@ size_t DecodeCache::bytes() const {
     if (s.S_BHKV.defined()) n += s.S_BHKV.nbytes();
   }
   for (const auto& s : mla)
-    if (s.latent_BSC.defined()) n += s.latent_BSC.nbytes();
+    for (const Tensor* t :
+         {&s.latent_BSC, &s.window_gate_BS, &s.admitted_BNC, &s.admitted_bias_BN, &s.latent_sum_BR})
+      if (t->defined()) n += t->nbytes();
   return n;
 }
 

@@ -1,6 +1,8 @@
 // Decode state (MODEL.md §3.3, §4.8, §9): per KDA layer a constant-size recurrent state and conv
 // state, per MLA layer the growing cache of [ĉ (r_kv) ; k^pe (d_pe)] latents. Nothing for MoE,
-// SiTU or AttnRes. A fresh cache is empty; Decoder::forward fills and extends it.
+// SiTU or AttnRes. With the MLA admission gate (MODEL.md §12.4) an MLA layer instead keeps a window
+// of the last W latents plus the admitted set and the running latent sum of the prefix mean.
+// A fresh cache is empty; Decoder::forward fills and extends it.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -16,8 +18,17 @@ struct KdaState {
 };
 
 struct MlaState {
-  Tensor latent_BSC;  // [B, S, r_kv + d_pe]; k^pe stored already rotated under RoPE
+  // [B, S, r_kv + d_pe]; k^pe stored already rotated under RoPE. With the admission gate: the
+  // window, the last min(W, tokens) latents (a ring buffer of W, kept in order).
+  Tensor latent_BSC;
   int64_t length() const { return latent_BSC.defined() ? latent_BSC.size(1) : 0; }
+  // Admission gate only. Gates and log-gates are f32 (f64 for f64 models).
+  Tensor window_gate_BS;    // a_j of the window's keys, decided on when they leave it
+  Tensor admitted_BNC;      // latents admitted to the long-term cache (a_j >= tau_adm)
+  Tensor admitted_bias_BN;  // their log max(a_j, 1e-6); -inf pads rows that admitted fewer
+  Tensor latent_sum_BR;     // Σ ĉ_s over the tokens so far (for the prefix mean m)
+  int64_t count = 0;        // how many tokens latent_sum_BR holds
+  int64_t admitted() const { return admitted_BNC.defined() ? admitted_BNC.size(1) : 0; }
 };
 
 struct DecodeCache {

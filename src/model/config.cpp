@@ -482,7 +482,8 @@ void ModelConfig::validate() const {
   const auto& a = m.admission;
   positive("myriad.mla.admission.hidden", a.hidden);
   MYRIAD_CHECK(a.window >= 0, "config: myriad.mla.admission.window must be >= 0, got ", a.window);
-  MYRIAD_CHECK(a.tau > 0 && a.tau < 1, "config: myriad.mla.admission.tau must be in (0, 1), got ",
+  // tau = 0 admits every key that leaves the window (the soft rule, evaluated exactly).
+  MYRIAD_CHECK(a.tau >= 0 && a.tau < 1, "config: myriad.mla.admission.tau must be in [0, 1), got ",
                a.tau);
   MYRIAD_CHECK(a.target_rate > 0 && a.target_rate < 1,
                "config: myriad.mla.admission.target_rate must be in (0, 1), got ", a.target_rate);

@@ -1,5 +1,7 @@
 #include "model/decoder.h"
 
+#include <cmath>
+
 #include "core/autograd.h"
 #include "core/error.h"
 #include "ops/attn_res.h"
@@ -40,6 +42,20 @@ std::vector<ParamSpec> Decoder::param_specs(const ModelConfig& c) {
         out.push_back({p + n + "norm.weight", {d}, Init::Ones, true, {}, {}});
         out.push_back({p + n + "proj.weight", {1, d}, Init::Zeros, true, {}, {}});
       }
+    // §12.1: γ_{i-1} lives on layer i (the first layer carries nothing). In gamma_input mode
+    // `gamma` is the bias inside the sigmoid (gamma_bias_init, default 0: γ starts at 0.5).
+    const std::string& carry = c.myriad.residual.attn_carry;
+    if (i > 0 && carry != "none") {
+      const std::string q = p + "attn_carry.";
+      if (carry == "gamma_input") {
+        const double b0 = c.myriad.residual.gamma_bias_init.value_or(0.0);
+        out.push_back({q + "gamma", {1}, Init::Const, true, {}, {}, b0});
+        out.push_back({q + "w", {d}, Init::Zeros, true, {}, {}});
+        out.push_back({q + "norm.weight", {d}, Init::Ones, true, {}, {}});
+      } else {
+        out.push_back({q + "gamma", {carry == "gamma_vector" ? d : 1}, Init::Zeros, true, {}, {}});
+      }
+    }
     if (c.is_mla_layer(i))
       MlaLayer::add_specs(c, i, out);
     else
@@ -67,10 +83,27 @@ Decoder Decoder::random(const ModelConfig& c, uint64_t seed, DType dtype) {
   return Decoder(c, Weights::init(param_specs(c), seed, c.initializer_range, dtype));
 }
 
-Tensor Decoder::attn(int64_t i, const Tensor& x_BTD, DecodeCache* cache) const {
+Tensor Decoder::attn(int64_t i, const Tensor& x_BTD, DecodeCache* cache, Tensor* gate_BT) const {
   const Layer& l = layers_[i];
   if (l.kda) return l.kda->forward(x_BTD, cache ? &cache->kda[i] : nullptr);
-  return l.mla->forward(x_BTD, cache ? &cache->mla[i] : nullptr, cache ? cache->position : 0);
+  return l.mla->forward(x_BTD, cache ? &cache->mla[i] : nullptr, cache ? cache->position : 0,
+                        gate_BT);
+}
+
+Tensor Decoder::carry(int64_t i, const Tensor& x_BTD, const Tensor& prev) const {
+  const std::string p = layer_prefix(i) + "attn_carry.";
+  Tensor g = w(p + "gamma");  // [1] or [d]
+  if (config_.myriad.residual.attn_carry == "gamma_input") {
+    // γ = σ(w · RMSNorm_γ(x) + b), one scalar per token.
+    Tensor n = ops::rms_norm(x_BTD, w(p + "norm.weight"), config_.rms_norm_eps);
+    g = ops::sigmoid(ops::add(ops::sum(ops::mul(n, w(p + "w")), {-1}, true), g));
+  }
+  return ops::mul(g, prev);
+}
+
+Tensor admission_regulariser(const ModelConfig& c, const Tensor& rate) {
+  const auto& a = c.myriad.admission;
+  return ops::mul(ops::square(ops::add(rate, -a.target_rate)), a.lambda);
 }
 
 Tensor Decoder::ffn(int64_t i, const Tensor& x_BTD) const {
@@ -90,14 +123,30 @@ ForwardOutput Decoder::forward(const Tensor& ids_BT, DecodeCache* cache, Forward
   auto keep = [&](std::vector<Tensor>& v, const Tensor& t) {
     if (opt.record) v.push_back(t);
   };
+  // Layer i's attention sublayer on stream input X (normalised: xn), with the carry of §12.1:
+  // Â replaces A wherever the output is consumed.
+  const bool carry_on = c.myriad.residual.attn_carry != "none";
+  Tensor carried;  // Â of the previous layer
+  std::vector<Tensor> gates;
+  auto attend = [&](int64_t i, const Tensor& X, const Tensor& xn) {
+    Tensor gate;
+    Tensor a = attn(i, xn, cache, &gate);
+    if (gate.defined()) gates.push_back(gate);
+    keep(out.attn_out, a);
+    if (carry_on) {
+      if (i > 0) a = ops::add(a, carry(i, X, carried));
+      carried = a;
+    }
+    return a;
+  };
   if (!c.uses_attn_res()) {
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       const std::string p = layer_prefix(i);
-      Tensor a = attn(i, ops::rms_norm(h, w(p + "input_layernorm.weight"), eps), cache);
+      Tensor a = attend(i, h, ops::rms_norm(h, w(p + "input_layernorm.weight"), eps));
       h = ops::add(h, a);
       Tensor f = ffn(i, ops::rms_norm(h, w(p + "post_attention_layernorm.weight"), eps));
       h = ops::add(h, f);
-      keep(out.attn_out, a), keep(out.ffn_out, f), keep(out.hidden, h);
+      keep(out.ffn_out, f), keep(out.hidden, h);
     }
   } else {
     // Block AttnRes, the exact K3 code path (MODEL.md §7): B = completed block sums, P = the
@@ -115,14 +164,20 @@ ForwardOutput Decoder::forward(const Tensor& ids_BT, DecodeCache* cache, Forward
       Tensor X = blocks.empty() ? P : mix(p + "self_attention_res_", P);
       bool fresh = false;
       if (i % S == 0) blocks.push_back(P), fresh = true;
-      Tensor a = attn(i, ops::rms_norm(X, w(p + "input_layernorm.weight"), eps), cache);
+      Tensor a = attend(i, X, ops::rms_norm(X, w(p + "input_layernorm.weight"), eps));
       P = fresh ? a : ops::add(P, a);
       X = mix(p + "mlp_res_", P);
       Tensor f = ffn(i, ops::rms_norm(X, w(p + "post_attention_layernorm.weight"), eps));
       P = ops::add(P, f);
-      keep(out.attn_out, a), keep(out.ffn_out, f), keep(out.hidden, P);
+      keep(out.ffn_out, f), keep(out.hidden, P);
     }
     h = mix("model.output_attn_res_", P);
+  }
+  if (!gates.empty()) {  // every MLA layer sees the same tokens: the mean of the layer means
+    Tensor sum = ops::mean(gates[0]);
+    for (size_t g = 1; g < gates.size(); ++g) sum = ops::add(sum, ops::mean(gates[g]));
+    out.admission_rate = ops::mul(sum, 1.0 / static_cast<double>(gates.size()));
+    out.admission_loss = admission_regulariser(c, out.admission_rate);
   }
   if (cache) cache->position += ids_BT.size(1);
   out.normed_BTD = ops::rms_norm(h, w("model.norm.weight"), eps);
@@ -159,6 +214,27 @@ Decoder::Generation Decoder::generate_greedy(const Tensor& prompt_1T, int64_t ne
     in = Tensor::from_ints(std::vector<int64_t>{next}, {1, 1}, DType::I64, prompt_1T.device());
   }
   return g;
+}
+
+Decoder export_linear_router(const Decoder& m) {
+  const ModelConfig& c = m.config();
+  MYRIAD_CHECK(c.myriad.router.mode == "latent_similarity",
+               "export_linear_router: the model's router mode is ", c.myriad.router.mode,
+               ", not latent_similarity");
+  NoGradGuard ng;
+  ModelConfig plain = c;
+  plain.myriad.router.mode = "linear";
+  std::map<std::string, Tensor> t;
+  for (const auto& [n, v] : m.weights().tensors()) t[n] = v.detach();
+  const double s = 1.0 / std::sqrt(static_cast<double>(c.myriad.router.latent_dim));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (!c.is_moe_layer(i)) continue;
+    const std::string p = Moe::prefix(c, i) + "gate.";
+    const Tensor E = t.at(p + "expert_embed"), W = t.at(p + "latent_proj.weight");
+    t[p + "weight"] = ops::mul(ops::matmul(E.to(DType::F64), W.to(DType::F64)), s).to(E.dtype());
+    t.erase(p + "expert_embed"), t.erase(p + "latent_proj.weight");
+  }
+  return Decoder(plain, Weights::from(Decoder::param_specs(plain), std::move(t)));
 }
 
 }  // namespace myriad::model

@@ -1,7 +1,10 @@
 // The decoder (MODEL.md §2, §5, §7, §9): token embedding, L layers of {KDA or MLA} + {dense or
 // MoE FFN} with pre-norm residuals or K3 Block AttnRes, final RMSNorm and the untied LM head.
 // The layout comes from the config. Forward runs uncached (training, reference parity) or with a
-// DecodeCache (prefill, continuing segments, token-by-token decode).
+// DecodeCache (prefill, continuing segments, token-by-token decode). Options of MODEL.md §12: the
+// attention carry Â_l = A_l + γ_{l-1} ⊙ Â_{l-1} (residual.attn_carry, no cache needed: it runs
+// across depth within one token), the latent_similarity router (see Moe) with its exact export,
+// and the MLA cache admission gate (see MlaLayer) with its regulariser.
 #pragma once
 #include <memory>
 #include <optional>
@@ -26,8 +29,14 @@ struct ForwardOptions {
 struct ForwardOutput {
   Tensor logits_BTV;                              // when requested
   Tensor normed_BTD;                              // the final-norm output that feeds the LM head
-  std::vector<Tensor> hidden, attn_out, ffn_out;  // per layer, when recorded
+  std::vector<Tensor> hidden, attn_out, ffn_out;  // per layer, when recorded (attn_out: raw A_l)
+  // MLA admission gate (§12.4) only: ā, the mean gate over tokens and MLA layers, and
+  // L_adm = λ (ā − ρ)², which a trainer adds to the loss (both differentiable).
+  Tensor admission_rate, admission_loss;
 };
+
+// L_adm = lambda (rate − target_rate)² with the config's admission.{lambda, target_rate}.
+Tensor admission_regulariser(const ModelConfig& c, const Tensor& rate);
 
 class Decoder {
  public:
@@ -64,7 +73,9 @@ class Decoder {
     std::optional<DenseFfn> dense;
     std::optional<Moe> moe;
   };
-  Tensor attn(int64_t i, const Tensor& x_BTD, DecodeCache* cache) const;
+  Tensor attn(int64_t i, const Tensor& x_BTD, DecodeCache* cache, Tensor* gate_BT) const;
+  // γ ⊙ Â_prev for layer i > 0 whose attention sublayer takes the stream input x (§12.1).
+  Tensor carry(int64_t i, const Tensor& x_BTD, const Tensor& prev) const;
   Tensor ffn(int64_t i, const Tensor& x_BTD) const;
   const Tensor& w(const std::string& name) const { return weights_->get(name); }
 
@@ -72,5 +83,10 @@ class Decoder {
   std::unique_ptr<Weights> weights_;  // stable address for the layers' pointers
   std::vector<Layer> layers_;
 };
+
+// §12.2 exact export: gate.weight = E·W_rd / √d_r (formed in f64) in every MoE layer of a
+// latent_similarity model; the result is the same model with the plain linear router, which
+// saves and loads as a plain kimi_linear checkpoint.
+Decoder export_linear_router(const Decoder& m);
 
 }  // namespace myriad::model

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/autograd.h"
 #include "core/error.h"
 #include "ops/attention.h"
 #include "ops/ops.h"
@@ -16,6 +17,20 @@ constexpr double kLoraNormEps = 1e-6;  // q_a / kv_a layernorms, whatever rms_no
 
 double yarn_mscale(double s, double m) {
   return s <= 1.0 ? 1.0 : 0.1 * m * std::log(s) + 1.0;
+}
+
+DType compute_dtype(const Tensor& x) {
+  return x.dtype() == DType::F64 ? DType::F64 : DType::F32;
+}
+
+// A differentiable dtype conversion: the admission gate is computed in fp32 whatever the storage.
+Tensor to_dtype(const Tensor& x, DType t) {
+  if (x.dtype() == t) return x;
+  Tensor out = x.to(t);
+  const DType src = x.dtype();
+  record("to_dtype", out, {x},
+         [src](const Tensor& g) -> std::vector<Tensor> { return {g.to(src)}; });
+  return out;
 }
 
 }  // namespace
@@ -62,6 +77,10 @@ MlaLayer::MlaLayer(const ModelConfig& c, const Weights* w, int64_t layer)
       q_lora_(c.q_lora_rank.has_value()),
       gate_(c.mla_use_output_gate),
       rope_on_(c.is_deepseek() && c.qk_rope_head_dim > 0),
+      adm_(c.myriad.admission.enabled),
+      adm_stopgrad_(c.myriad.admission.stopgrad_mean),
+      window_(c.myriad.admission.window),
+      tau_adm_(c.myriad.admission.tau),
       rope_(Rope::from(c)) {
   tau_ = 1.0 / std::sqrt(static_cast<double>(dn_ + dr_));
   if (rope_on_) tau_ *= rope_.softmax_mscale;
@@ -86,6 +105,111 @@ void MlaLayer::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamS
   add("kv_b_proj.weight", {H * (dn + dv), r});
   add("o_proj.weight", {d, H * dv});
   if (c.mla_use_output_gate) add("g_proj.weight", {H * dv, d});
+  if (c.myriad.admission.enabled) {
+    const int64_t ha = c.myriad.admission.hidden;
+    add("admission.w1.weight", {ha, d + r});
+    add("admission.w1.bias", {ha}, Init::Zeros);
+    add("admission.w2.weight", {1, ha});
+    // +4: a ≈ 0.98 at init, so the model starts as plain MLA.
+    out.push_back(
+        {p + "admission.w2.bias", {1}, Init::Const, true, {}, {}, c.myriad.admission.init_bias});
+  }
+}
+
+Tensor MlaLayer::admission_gate(const Tensor& x_BTD, const Tensor& c_BTR, MlaState* state) const {
+  const int64_t B = x_BTD.size(0), T = x_BTD.size(1);
+  const DType cd = compute_dtype(x_BTD);
+  const Device dev = x_BTD.device();
+  Tensor c = to_dtype(adm_stopgrad_ ? c_BTR.detach() : c_BTR, cd);
+  // m_{t-1} = Σ_{s<t} ĉ_s / t: an exclusive cumsum plus what the cache has already summed.
+  Tensor cs = ops::cumsum(c, 1);
+  Tensor prev = Tensor::zeros({B, 1, r_}, cd, dev);
+  if (T > 1) prev = ops::concat({prev, ops::slice(cs, 1, 0, T - 1)}, 1);
+  const int64_t n0 = state ? state->count : 0;
+  if (n0 > 0) prev = ops::add(prev, ops::unsqueeze(state->latent_sum_BR, 1));
+  std::vector<double> inv(T);
+  for (int64_t t = 0; t < T; ++t) inv[t] = 1.0 / static_cast<double>(std::max<int64_t>(n0 + t, 1));
+  Tensor m = ops::mul(prev, Tensor::from_doubles(inv, {1, T, 1}, cd, dev));
+  if (state) {
+    Tensor sum = ops::squeeze(ops::slice(cs, 1, T - 1, T), 1).detach();
+    state->latent_sum_BR = n0 > 0 ? ops::add(state->latent_sum_BR, sum) : ops::contiguous(sum);
+    state->count = n0 + T;
+  }
+  auto p = [&](const char* n) { return to_dtype(w(n), cd); };
+  Tensor h = ops::silu(ops::linear(ops::concat({to_dtype(x_BTD, cd), m}, -1),
+                                   p("admission.w1.weight"), p("admission.w1.bias")));
+  Tensor a = ops::sigmoid(ops::linear(h, p("admission.w2.weight"), p("admission.w2.bias")));
+  return ops::reshape(a, {B, T});
+}
+
+Tensor MlaLayer::admitted_attention(const Tensor& qa, const Tensor& lat, const Tensor& a_BT,
+                                    MlaState& st) const {
+  const int64_t B = lat.size(0), T = lat.size(1);
+  const int64_t N = st.admitted(), R = st.length(), S = N + R + T, U = R + T;
+  const DType cd = a_BT.dtype();
+  // Gates of the window's and the new keys; the rule is decided on these host copies.
+  std::vector<double> gate(B * U);
+  {
+    const std::vector<double> wg = R ? st.window_gate_BS.to_doubles() : std::vector<double>{};
+    const std::vector<double> ag = a_BT.to_doubles();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < R; ++j) gate[b * U + j] = wg[b * R + j];
+      for (int64_t t = 0; t < T; ++t) gate[b * U + R + t] = ag[b * T + t];
+    }
+  }
+  auto log_gate = [](double g) { return std::log(std::max(g, 1e-6)); };
+  // Keys in order [admitted ; window ; new], the query at q_offset = N + R: window and new keys
+  // keep their distance to every query, so the op's band (distance > W) selects exactly the keys
+  // that have left the window: + log a_j if admitted, -inf (gone) if not. Admitted keys are
+  // always more than W behind.
+  std::vector<double> bias(B * S);
+  const std::vector<double> ab = N ? st.admitted_bias_BN.to_doubles() : std::vector<double>{};
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t n = 0; n < N; ++n) bias[b * S + n] = ab[b * N + n];
+    for (int64_t j = 0; j < U; ++j) {
+      const double g = gate[b * U + j];
+      bias[b * S + N + j] = g >= tau_adm_ ? log_gate(g) : -INFINITY;
+    }
+  }
+  Tensor win = R ? ops::concat({st.latent_BSC, lat}, 1) : lat;
+  Tensor keys = N ? ops::concat({st.admitted_BNC, win}, 1) : win;
+  Tensor kc = ops::unsqueeze(keys, 1);  // [B, 1, S, r + dr]
+  Tensor oc = ops::attention(qa, kc, ops::slice(kc, -1, 0, r_), tau_, true, N + R,
+                             Tensor::from_doubles(bias, {B, S}, cd, lat.device()), window_);
+  // The first `leave` keys of [window ; new] leave the window: admitted iff a_j >= tau_adm.
+  // Rows that admit fewer are padded to a common count with a -inf bias (never attended).
+  const int64_t leave = std::max<int64_t>(0, U - window_);
+  std::vector<std::vector<int64_t>> kept(B);
+  size_t M = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < leave; ++j)
+      if (gate[b * U + j] >= tau_adm_) kept[b].push_back(j);
+    M = std::max(M, kept[b].size());
+  }
+  if (M > 0) {
+    const int64_t Mi = static_cast<int64_t>(M);
+    std::vector<Tensor> rows;
+    std::vector<double> nb(B * M, -INFINITY);
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<int64_t> idx(M, 0);
+      for (size_t i = 0; i < kept[b].size(); ++i)
+        idx[i] = kept[b][i], nb[b * M + i] = log_gate(gate[b * U + kept[b][i]]);
+      rows.push_back(ops::index_select(ops::slice(win, 0, b, b + 1), 1,
+                                       Tensor::from_ints(idx, {Mi}, DType::I64, lat.device())));
+    }
+    Tensor blk = B > 1 ? ops::concat(rows, 0) : rows[0];
+    Tensor bb = Tensor::from_doubles(nb, {B, Mi}, cd, lat.device());
+    st.admitted_BNC = N ? ops::concat({st.admitted_BNC, blk}, 1) : ops::contiguous(blk);
+    st.admitted_bias_BN = N ? ops::concat({st.admitted_bias_BN, bb}, 1) : bb;
+  }
+  if (leave < U) {
+    st.latent_BSC = ops::contiguous(ops::slice(win, 1, leave, U));
+    st.window_gate_BS = ops::contiguous(
+        ops::slice(Tensor::from_doubles(gate, {B, U}, cd, lat.device()), 1, leave, U));
+  } else {
+    st.latent_BSC = st.window_gate_BS = Tensor();
+  }
+  return oc;
 }
 
 Tensor MlaLayer::rotate(const Tensor& x, int64_t pos0) const {
@@ -118,7 +242,8 @@ Tensor MlaLayer::rotate(const Tensor& x, int64_t pos0) const {
   return ops::reshape(ops::concat({ops::unsqueeze(ra, -1), ops::unsqueeze(rb, -1)}, -1), x.shape());
 }
 
-Tensor MlaLayer::forward(const Tensor& x_BTD, MlaState* state, int64_t pos0) const {
+Tensor MlaLayer::forward(const Tensor& x_BTD, MlaState* state, int64_t pos0,
+                         Tensor* gate_BT) const {
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1);
   Tensor q = q_lora_ ? ops::linear(ops::rms_norm(ops::linear(x_BTD, w("q_a_proj.weight")),
                                                  w("q_a_layernorm.weight"), kLoraNormEps),
@@ -137,7 +262,9 @@ Tensor MlaLayer::forward(const Tensor& x_BTD, MlaState* state, int64_t pos0) con
   }
   c_BTR = ops::rms_norm(c_BTR, w("kv_a_layernorm.weight"), kLoraNormEps);
   Tensor W_HDR = ops::reshape(w("kv_b_proj.weight"), {H_, dn_ + dv_, r_});
-  Tensor o_BTO;
+  Tensor o_BTO, a_BT;
+  if (adm_) a_BT = admission_gate(x_BTD, c_BTR, state);
+  if (gate_BT) *gate_BT = a_BT;
   if (!state) {
     // MHA mode: per-head keys [k^nope ; k^pe] and values from the expanded latents.
     auto kv =
@@ -149,21 +276,30 @@ Tensor MlaLayer::forward(const Tensor& x_BTD, MlaState* state, int64_t pos0) con
       k = ops::concat({k, ops::concat(rep, 2)}, -1);
       if (rope_on_) qf = ops::concat({q_nope, q_pe}, -1);
     }
+    // Soft admission rule: + log max(a_j, 1e-6) on keys more than W behind the query.
+    Tensor bias;
+    if (adm_)
+      bias = ops::log(ops::maximum(a_BT, Tensor::full({1}, 1e-6, a_BT.dtype(), a_BT.device())));
     Tensor o = ops::attention(ops::permute(qf, {0, 2, 1, 3}), ops::permute(k, {0, 2, 1, 3}),
-                              ops::permute(kv[1], {0, 2, 1, 3}), tau_, true);
+                              ops::permute(kv[1], {0, 2, 1, 3}), tau_, true, 0, bias, window_);
     o_BTO = ops::reshape(ops::permute(o, {0, 2, 1, 3}), {B, T, H_ * dv_});
   } else {
     // MQA (absorbed) mode over the latent cache.
     const int64_t S0 = state->length();
     Tensor lat = dr_ > 0 ? ops::concat({c_BTR, k_pe}, -1) : c_BTR;
-    state->latent_BSC = S0 ? ops::concat({state->latent_BSC, lat}, 1) : lat;
     auto wk = ops::split(W_HDR, {dn_, dv_}, 1);  // W^UK [H, dn, r], W^UV [H, dv, r]
     Tensor qn_HNd = ops::reshape(ops::permute(q_nope, {2, 0, 1, 3}), {H_, B * T, dn_});
     Tensor qt = ops::bmm(qn_HNd, ops::contiguous(wk[0]));  // [H, B*T, r]
     Tensor qa = ops::permute(ops::reshape(qt, {H_, B, T, r_}), {1, 0, 2, 3});
     if (dr_ > 0) qa = ops::concat({qa, ops::permute(q_pe, {0, 2, 1, 3})}, -1);
-    Tensor kc = ops::unsqueeze(state->latent_BSC, 1);  // [B, 1, S, r + dr]
-    Tensor oc = ops::attention(qa, kc, ops::slice(kc, -1, 0, r_), tau_, true, S0);  // [B,H,T,r]
+    Tensor oc;  // [B, H, T, r]
+    if (adm_) {
+      oc = admitted_attention(qa, lat, a_BT, *state);
+    } else {
+      state->latent_BSC = S0 ? ops::concat({state->latent_BSC, lat}, 1) : lat;
+      Tensor kc = ops::unsqueeze(state->latent_BSC, 1);  // [B, 1, S, r + dr]
+      oc = ops::attention(qa, kc, ops::slice(kc, -1, 0, r_), tau_, true, S0);
+    }
     Tensor oc_HNr = ops::reshape(ops::permute(oc, {1, 0, 2, 3}), {H_, B * T, r_});
     Tensor o = ops::bmm(oc_HNr, ops::contiguous(ops::transpose(wk[1], 1, 2)));  // [H, B*T, dv]
     o_BTO = ops::reshape(ops::permute(ops::reshape(o, {H_, B, T, dv_}), {1, 2, 0, 3}),

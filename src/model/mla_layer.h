@@ -3,7 +3,11 @@
 // calls (prefill into a cache, continuing segments, decode) append [ĉ ; k^pe] to the latent cache
 // and run the absorbed "MQA mode": q^nope is absorbed through W^UK, one attention over the latent
 // cache with v = its first r_kv channels, then W^UV. Options: decoupled RoPE with YaRN
-// (deepseek_v3 only; kimi_linear is NoPE whatever d_pe), K3's sigmoid output gate.
+// (deepseek_v3 only; kimi_linear is NoPE whatever d_pe), K3's sigmoid output gate, and the cache
+// admission gate (MODEL.md §12.4): a_t = σ(W2 SiLU(W1 [x_t ; m_{t-1}] + b1) + b2) from the input
+// and the prefix mean of earlier normalised latents. Uncached (training) it is the soft rule, a
+// key bias log max(a_j, 1e-6) on keys more than W behind the query; cached (inference) it is the
+// hard rule: a window of W latents, keys leaving it kept (with the same bias) iff a_j >= tau_adm.
 #pragma once
 #include <string>
 #include <vector>
@@ -27,17 +31,27 @@ class MlaLayer {
  public:
   MlaLayer(const ModelConfig& c, const Weights* w, int64_t layer);
   static void add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>& out);
-  // x [B, T, d] (after the pre-norm) at absolute positions pos0.. -> [B, T, d].
-  Tensor forward(const Tensor& x_BTD, MlaState* state = nullptr, int64_t pos0 = 0) const;
+  // x [B, T, d] (after the pre-norm) at absolute positions pos0.. -> [B, T, d]. With the
+  // admission gate on, `gate_BT` (when given) receives a_t [B, T] (differentiable).
+  Tensor forward(const Tensor& x_BTD, MlaState* state = nullptr, int64_t pos0 = 0,
+                 Tensor* gate_BT = nullptr) const;
+  // The admission gate a [B, T] (f32, f64 for f64 inputs) for sublayer input x and normalised
+  // latents ĉ; with a state, the prefix mean continues from its running sum, which it extends.
+  Tensor admission_gate(const Tensor& x_BTD, const Tensor& c_BTR, MlaState* state) const;
   double softmax_scale() const { return tau_; }
 
  private:
   const Tensor& w(const char* name) const { return w_->get(prefix_ + name); }
   Tensor rotate(const Tensor& x, int64_t pos0) const;  // x [B, T, (H,) d_pe]
+  // The absorbed attention over the admission cache (hard rule), which it then updates.
+  Tensor admitted_attention(const Tensor& qa, const Tensor& lat_BTC, const Tensor& gate_BT,
+                            MlaState& st) const;
   const Weights* w_;
   std::string prefix_;
   int64_t H_, dn_, dr_, dv_, r_;
-  bool q_lora_, gate_, rope_on_;
+  bool q_lora_, gate_, rope_on_, adm_, adm_stopgrad_;
+  int64_t window_;
+  double tau_adm_;
   Rope rope_;
   double tau_;
 };

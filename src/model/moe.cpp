@@ -1,6 +1,7 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -21,8 +22,10 @@ Moe::Moe(const ModelConfig& c, const Weights* w, int64_t layer)
       renorm_(c.moe_renormalize),
       latent_(c.uses_latent_moe()),
       latent_norm_(c.latent_moe_use_norm),
+      latent_router_(c.myriad.router.mode == "latent_similarity"),
       scale_(c.routed_scaling_factor),
-      eps_(c.rms_norm_eps) {
+      eps_(c.rms_norm_eps),
+      router_scale_(1.0 / std::sqrt(static_cast<double>(c.myriad.router.latent_dim))) {
   MYRIAD_CHECK(c.moe_router_activation_func == "sigmoid", "model: router activation ",
                c.moe_router_activation_func, " is not supported (sigmoid only)");
   MYRIAD_CHECK(groups_ >= 1 && n_ % groups_ == 0 && topk_group_ >= 1 && topk_group_ <= groups_,
@@ -52,7 +55,12 @@ void Moe::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>&
     if (!alt.empty()) aliases.push_back(alt + nm);
     out.push_back({p + nm, std::move(s), init, train, aliases, std::move(fused)});
   };
-  add("gate.weight", {n, d});
+  if (c.myriad.router.mode == "latent_similarity") {
+    add("gate.latent_proj.weight", {c.myriad.router.latent_dim, d});
+    add("gate.expert_embed", {n, c.myriad.router.latent_dim});
+  } else {
+    add("gate.weight", {n, d});
+  }
   add("gate.e_score_correction_bias", {n}, Init::Zeros, false);
   if (c.uses_latent_moe()) add("routed_expert_down_proj.weight", {l, d});
   Moe names(c, nullptr, layer);
@@ -83,7 +91,11 @@ void Moe::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>&
 
 Routing Moe::route(const Tensor& x_ND) const {
   const int64_t N = x_ND.size(0);
-  Tensor s_NE = ops::sigmoid(ops::linear(x_ND, w("gate.weight")));
+  Tensor s_NE = ops::sigmoid(
+      latent_router_ ? ops::mul(ops::linear(ops::linear(x_ND, w("gate.latent_proj.weight")),
+                                            w("gate.expert_embed")),
+                                router_scale_)
+                     : ops::linear(x_ND, w("gate.weight")));
   Tensor idx;
   {
     NoGradGuard ng;  // selection carries no gradient; the bias only selects

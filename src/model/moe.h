@@ -2,7 +2,9 @@
 // the score plus the correction bias (selection only), DeepSeek group-limited selection when
 // num_expert_group > 1, top-k, weights from the unbiased scores renormalised (+1e-20) and times
 // routed_scaling_factor; experts run on their tokens (index_select), combined with index_add
-// weighted by p (differentiable in p and the experts). Optional K3 latent path: experts work in
+// weighted by p (differentiable in p and the experts). Router mode latent_similarity (MODEL.md
+// §12.2): s_j = σ(<W_rd x, e_j> / √d_r), a rank-d_r factorisation of the full router; selection,
+// bias, renormalisation and scaling are unchanged. Optional K3 latent path: experts work in
 // a latent width ℓ between routed_expert_down_proj and an RMSNorm + routed_expert_up_proj.
 // Shared experts are one fused GLU MLP added unscaled.
 #pragma once
@@ -37,8 +39,8 @@ class Moe {
   bool deepseek_names_;
   GluAct act_;
   int64_t n_, k_, groups_, topk_group_, shared_;
-  bool renorm_, latent_, latent_norm_;
-  double scale_, eps_;
+  bool renorm_, latent_, latent_norm_, latent_router_;
+  double scale_, eps_, router_scale_;  // router_scale_ = 1/√d_r
 };
 
 }  // namespace myriad::model

@@ -84,6 +84,9 @@ Weights Weights::init(const std::vector<ParamSpec>& specs, uint64_t seed, double
       case Init::Ones:
         t = Tensor::ones(s.shape, dtype);
         break;
+      case Init::Const:
+        t = Tensor::full(s.shape, s.value, dtype);
+        break;
       case Init::ALog: {  // log U(1, 16)
         std::vector<double> v(shape_numel(s.shape));
         for (auto& x : v) x = std::log(1.0 + 15.0 * gen.uniform());
@@ -103,6 +106,22 @@ Weights Weights::init(const std::vector<ParamSpec>& specs, uint64_t seed, double
     }
     w.tensors_[s.name] = t;
   }
+  return w;
+}
+
+Weights Weights::from(const std::vector<ParamSpec>& specs, std::map<std::string, Tensor> tensors) {
+  Weights w;
+  w.specs_ = specs;
+  for (const auto& s : specs) {
+    auto it = tensors.find(s.name);
+    MYRIAD_CHECK(it != tensors.end(), "weights: no tensor given for ", s.name);
+    MYRIAD_CHECK(it->second.shape() == s.shape, "weights: ", s.name, " given as ",
+                 it->second.desc(), ", expected shape ", shape_str(s.shape));
+    w.tensors_[s.name] = it->second;
+    tensors.erase(it);
+  }
+  MYRIAD_CHECK(tensors.empty(), "weights: unexpected tensor ",
+               tensors.empty() ? "" : tensors.begin()->first);
   return w;
 }
 

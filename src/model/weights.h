@@ -12,8 +12,8 @@
 
 namespace myriad::model {
 
-// How a fresh (untrained) parameter starts (MODEL.md §3.1, §4.1, §7).
-enum class Init : uint8_t { Normal, Zeros, Ones, ALog, DtBias };
+// How a fresh (untrained) parameter starts (MODEL.md §3.1, §4.1, §7; Const: §12.1, §12.4).
+enum class Init : uint8_t { Normal, Zeros, Ones, ALog, DtBias, Const };
 
 // A slice of a fused checkpoint tensor that can stand for a spec'd one: t[index, begin:end] (the
 // whole second dimension when end <= begin), e.g. expert j's w1 = gate_up_proj[j, :I].
@@ -29,6 +29,7 @@ struct ParamSpec {
   bool trainable = true;             // false for buffers (e_score_correction_bias)
   std::vector<std::string> aliases;  // other accepted checkpoint spellings
   std::vector<FusedSource> fused;    // fused layouts it may be read from (MODEL.md §11.2)
+  double value = 0.0;                // the fill of Init::Const
 };
 
 class Weights {
@@ -41,6 +42,8 @@ class Weights {
   // Fresh parameters: Normal ~ N(0, std^2), the rest per Init; deterministic for a seed.
   static Weights init(const std::vector<ParamSpec>& specs, uint64_t seed, double std = 0.02,
                       DType dtype = DType::F32);
+  // A store from tensors already in hand (an export): exactly the spec'd names and shapes.
+  static Weights from(const std::vector<ParamSpec>& specs, std::map<std::string, Tensor> tensors);
 
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   // The tensor, or an error naming it.

@@ -694,7 +694,7 @@ const Rule kRules[] = {
     {"AdmissionWindow", [](ModelConfig& c) { c.myriad.admission.window = -1; },
      "myriad.mla.admission.window must be >= 0"},
     {"AdmissionTau", [](ModelConfig& c) { c.myriad.admission.tau = 1.0; },
-     "myriad.mla.admission.tau must be in (0, 1)"},
+     "myriad.mla.admission.tau must be in [0, 1)"},
     {"AdmissionRate", [](ModelConfig& c) { c.myriad.admission.target_rate = 0; },
      "myriad.mla.admission.target_rate must be in (0, 1)"},
     {"AdmissionLambda", [](ModelConfig& c) { c.myriad.admission.lambda = -1; },
