@@ -11,3 +11,6 @@ cmake --build --preset release -j "${MYRIAD_JOBS:-2}"
 build/release/myriad selfcheck
 build/release/bench_gemm
 build/release/bench_elementwise
+# The planned flagship and the CPU test size, as the engine builds them (parameters, caches).
+build/release/myriad inspect configs/kimi-k3 | grep -v '^  [0-9]*: '
+build/release/myriad inspect configs/tiny | grep -v '^  [0-9]*: '
