@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/plan.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -23,11 +24,14 @@ int main(int argc, char** argv) {
       "inspect", "print a model's layers, parameter counts and decode-cache sizes");
   inspect->add_option("model_dir", model_dir, "model directory, config.json, or a preset name")
       ->required();
+  myriad::cli::PlanArgs plan_args;
+  auto* plan = myriad::cli::add_plan_command(app, plan_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*selfcheck) return myriad::cli::selfcheck(sc);
     if (*logits) return myriad::cli::logits(model_dir, tokens, out);
     if (*inspect) return myriad::cli::inspect(model_dir);
+    if (*plan) return myriad::cli::plan_command(plan_args);
   } catch (const myriad::Error& e) {
     std::fprintf(stderr, "myriad: error: %s\n", e.what());
     return 1;
