@@ -1,0 +1,319 @@
+#include "train/optim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/cpu.h"
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/shape.h"
+
+namespace myriad::train {
+namespace {
+
+bool contains(const std::string& s, const char* part) {
+  return s.find(part) != std::string::npos;
+}
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// The tensor itself when it is a contiguous f32 CPU tensor, else an f32 host copy.
+Tensor host_f32(const Tensor& t) {
+  if (t.device().is_cpu() && t.dtype() == DType::F32 && t.is_contiguous()) return t;
+  return t.to(kCPU).to(DType::F32).contiguous();
+}
+void write_back(Tensor dst, const Tensor& host) {  // dst is a handle: copy_ writes its data
+  if (!host.same(dst)) dst.copy_(host);
+}
+
+double sum_squares(const Tensor& g) {
+  const Tensor h = host_f32(g);
+  const float* p = h.data<float>();
+  double s = 0;
+  for (int64_t i = 0, n = h.numel(); i < n; ++i) s += static_cast<double>(p[i]) * p[i];
+  return s;
+}
+
+constexpr int64_t kGrain = 1 << 14;
+
+}  // namespace
+
+const char* group_name(ParamGroup g) {
+  switch (g) {
+    case ParamGroup::Matrix:
+      return "matrix";
+    case ParamGroup::EmbedHead:
+      return "embed_head";
+    case ParamGroup::Router:
+      return "router";
+    case ParamGroup::NoDecay:
+      return "no_decay";
+    case ParamGroup::BalancerOwned:
+      return "balancer";
+  }
+  return "?";
+}
+
+ParamGroup param_group(const std::string& n, const Shape& shape) {
+  if (contains(n, "e_score_correction_bias")) return ParamGroup::BalancerOwned;
+  if (contains(n, "embed_tokens") || contains(n, "lm_head")) return ParamGroup::EmbedHead;
+  if (ends_with(n, ".gate.weight") || contains(n, ".gate.latent_proj.") ||
+      contains(n, ".gate.expert_embed"))
+    return ParamGroup::Router;
+  // Vectors and vector-like weights: norms, biases, conv taps, A_log, dt_bias, AttnRes proj
+  // vectors ([1, d]), carry gammas.
+  if (contains(n, "norm") || contains(n, "conv") || contains(n, "res_proj") ||
+      ends_with(n, ".bias") || contains(n, "A_log") || contains(n, "dt_bias"))
+    return ParamGroup::NoDecay;
+  if (shape.size() == 2 || (shape.size() == 3 && contains(n, "experts"))) return ParamGroup::Matrix;
+  return ParamGroup::NoDecay;
+}
+
+Optimizer::Optimizer(NamedParams named_params, OptimConfig config,
+                     std::map<std::string, int64_t> heads_per_param)
+    : cfg_(std::move(config)) {
+  MYRIAD_CHECK(cfg_.matrix_optimizer == "muon" || cfg_.matrix_optimizer == "adamw",
+               "Optimizer: matrix_optimizer must be 'muon' or 'adamw', got '",
+               cfg_.matrix_optimizer, "'");
+  for (auto& [name, p] : named_params) {
+    MYRIAD_CHECK(p.defined(), "Optimizer: parameter ", name, " is undefined");
+    Slot s;
+    s.name = name, s.param = p, s.group = param_group(name, p.shape());
+    if (s.group == ParamGroup::BalancerOwned) {
+      slots_.push_back(std::move(s));
+      continue;
+    }
+    s.muon = s.group == ParamGroup::Matrix && cfg_.matrix_optimizer == "muon";
+    if (s.muon) {
+      auto it = heads_per_param.find(name);
+      if (cfg_.per_head && it != heads_per_param.end()) s.heads = it->second;
+      const int64_t rows = p.size(-2);
+      MYRIAD_CHECK(s.heads >= 1 && rows % s.heads == 0, "Optimizer: ", name, " ", p.desc(), " has ",
+                   rows, " rows, not divisible into ", s.heads, " heads");
+      s.moment = Tensor::zeros(p.shape());
+    } else {
+      s.exp_avg = Tensor::zeros(p.shape());
+      s.exp_avg_sq = Tensor::zeros(p.shape());
+    }
+    slots_.push_back(std::move(s));
+  }
+}
+
+double Optimizer::clip_grad_norm() {
+  double ss = 0;
+  for (const Slot& s : slots_)
+    if (s.group != ParamGroup::BalancerOwned && s.param.grad().defined())
+      ss += sum_squares(s.param.grad());
+  const double norm = std::sqrt(ss);
+  if (!std::isfinite(norm) || cfg_.clip_norm <= 0 || norm <= cfg_.clip_norm) return norm;
+  const float scale = static_cast<float>(cfg_.clip_norm / norm);
+  for (const Slot& s : slots_) {
+    if (s.group == ParamGroup::BalancerOwned || !s.param.grad().defined()) continue;
+    const Tensor g = s.param.grad();
+    const Tensor h = host_f32(g);
+    float* p = h.data<float>();
+    for (int64_t i = 0, n = h.numel(); i < n; ++i) p[i] *= scale;
+    write_back(g, h);
+  }
+  return norm;
+}
+
+std::map<std::string, double> Optimizer::group_grad_norms() const {
+  std::map<std::string, double> ss;
+  for (const Slot& s : slots_)
+    if (s.group != ParamGroup::BalancerOwned && s.param.grad().defined())
+      ss[group_name(s.group)] += sum_squares(s.param.grad());
+  for (auto& [k, v] : ss) v = std::sqrt(v);
+  return ss;
+}
+
+void Optimizer::zero_grad() {
+  for (Slot& s : slots_) s.param.zero_grad();
+}
+
+void Optimizer::step(double lr) {
+  NoGradGuard ng;
+  ++step_;
+  for (Slot& s : slots_) {
+    if (s.group == ParamGroup::BalancerOwned || !s.param.grad().defined()) continue;
+    if (s.muon)
+      muon_update(s, lr);
+    else
+      adamw_update(s, lr);
+  }
+}
+
+// §1.2 in one pass over the tensor: moments, bias correction, decoupled decay.
+void Optimizer::adamw_update(Slot& s, double lr) {
+  ++s.steps;
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2, eps = cfg_.eps;
+  const double wd = s.group == ParamGroup::NoDecay ? 0.0 : cfg_.weight_decay;
+  const double bc1 = 1 - std::pow(b1, static_cast<double>(s.steps));
+  const double bc2 = 1 - std::pow(b2, static_cast<double>(s.steps));
+  const Tensor w = host_f32(s.param), g = host_f32(s.param.grad());
+  float *W = w.data<float>(), *M = s.exp_avg.data<float>(), *V = s.exp_avg_sq.data<float>();
+  const float* G = g.data<float>();
+  cpu::parallel_for(w.numel(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const double gi = G[i];
+      const double m = b1 * M[i] + (1 - b1) * gi, v = b2 * V[i] + (1 - b2) * gi * gi;
+      M[i] = static_cast<float>(m);
+      V[i] = static_cast<float>(v);
+      const double upd = (m / bc1) / (std::sqrt(v / bc2) + eps) + wd * W[i];
+      W[i] = static_cast<float>(W[i] - lr * upd);
+    }
+  });
+  write_back(s.param, w);
+}
+
+// §1.3: momentum (Nesterov), NS5 per matrix (per expert, per head block), 0.2·√max(A, B) scale.
+void Optimizer::muon_update(Slot& s, double lr) {
+  const Shape& shape = s.param.shape();
+  const int64_t A = shape[shape.size() - 2], B = shape.back();
+  const int64_t E = shape.size() == 3 ? shape[0] : 1, a = A / s.heads;
+  const double mu = cfg_.momentum;
+  const Tensor w = host_f32(s.param), g = host_f32(s.param.grad());
+  Tensor gp = Tensor::empty({E * s.heads, a, B});
+  float *W = w.data<float>(), *M = s.moment.data<float>(), *P = gp.data<float>();
+  const float* G = g.data<float>();
+  const bool nesterov = cfg_.nesterov;
+  cpu::parallel_for(w.numel(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      M[i] = static_cast<float>(mu * M[i] + G[i]);
+      P[i] = nesterov ? static_cast<float>(G[i] + mu * M[i]) : M[i];
+    }
+  });
+  const Tensor O = newton_schulz5(gp);
+  const float* Op = O.data<float>();
+  const double scale = 0.2 * std::sqrt(static_cast<double>(std::max(a, B)));
+  const double wd = cfg_.weight_decay;
+  cpu::parallel_for(w.numel(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      W[i] = static_cast<float>(W[i] - lr * (scale * Op[i] + wd * W[i]));
+  });
+  write_back(s.param, w);
+}
+
+Tensor newton_schulz5(const Tensor& g_NAB, int steps) {
+  MYRIAD_CHECK(g_NAB.dim() == 3, "newton_schulz5: expected [N, A, B], got ", g_NAB.desc());
+  NoGradGuard ng;
+  const Tensor g = host_f32(g_NAB);
+  const int64_t N = g.size(0), A = g.size(1), B = g.size(2);
+  const bool tr = A > B;  // iterate on the wide orientation: X Xᵀ is the smaller Gram matrix
+  const int64_t r = tr ? B : A, c = tr ? A : B;
+  Tensor X = Tensor::empty({N, r, c});
+  const float* gp = g.data<float>();
+  float* xp = X.data<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    const float* src = gp + n * A * B;
+    double ss = 0;
+    for (int64_t i = 0; i < A * B; ++i) ss += static_cast<double>(src[i]) * src[i];
+    const float inv = static_cast<float>(1.0 / (std::sqrt(ss) + 1e-7));
+    float* dst = xp + n * A * B;
+    for (int64_t i = 0; i < A; ++i)
+      for (int64_t j = 0; j < B; ++j) dst[tr ? j * A + i : i * B + j] = src[i * B + j] * inv;
+  }
+  const double ka = 3.4445, kb = -4.7750, kc = 2.0315;
+  for (int it = 0; it < steps; ++it) {
+    const Tensor P = ops::matmul(X, ops::transpose(X, -2, -1));
+    const Tensor Q = ops::add(ops::mul(P, kb), ops::mul(ops::matmul(P, P), kc));
+    X = ops::add(ops::mul(X, ka), ops::matmul(Q, X));
+  }
+  X = X.contiguous();
+  if (!tr) return X;
+  Tensor out = Tensor::empty({N, A, B});
+  const float* x = X.data<float>();
+  float* o = out.data<float>();
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < A; ++i)
+      for (int64_t j = 0; j < B; ++j) o[n * A * B + i * B + j] = x[n * A * B + j * A + i];
+  return out;
+}
+
+std::map<std::string, Tensor> Optimizer::state_dict() const {
+  std::map<std::string, Tensor> sd;
+  const int64_t global = step_;
+  sd["step"] = Tensor::from_ints(std::span(&global, 1), {1});
+  for (const Slot& s : slots_) {
+    if (s.group == ParamGroup::BalancerOwned) continue;
+    if (s.exp_avg.defined()) sd[s.name + ".exp_avg"] = s.exp_avg.clone();
+    if (s.exp_avg_sq.defined()) sd[s.name + ".exp_avg_sq"] = s.exp_avg_sq.clone();
+    if (s.moment.defined()) sd[s.name + ".momentum_buffer"] = s.moment.clone();
+    sd[s.name + ".step"] = Tensor::from_ints(std::span(&s.steps, 1), {1});
+  }
+  return sd;
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& sd) {
+  auto get = [&](const std::string& key) -> const Tensor& {
+    auto it = sd.find(key);
+    MYRIAD_CHECK(it != sd.end(), "Optimizer::load_state_dict: missing '", key, "'");
+    return it->second;
+  };
+  auto load = [&](const std::string& key, Tensor& dst) {
+    if (!dst.defined()) return;
+    const Tensor& src = get(key);
+    MYRIAD_CHECK(src.shape() == dst.shape(), "Optimizer::load_state_dict: '", key, "' is ",
+                 src.desc(), ", expected ", shape_str(dst.shape()));
+    dst.copy_(src);
+  };
+  for (Slot& s : slots_) {
+    if (s.group == ParamGroup::BalancerOwned) continue;
+    load(s.name + ".exp_avg", s.exp_avg);
+    load(s.name + ".exp_avg_sq", s.exp_avg_sq);
+    load(s.name + ".momentum_buffer", s.moment);
+    s.steps = get(s.name + ".step").to_ints().at(0);
+  }
+  step_ = get("step").to_ints().at(0);
+}
+
+double qk_clip(NamedParams& named_params, const std::map<int64_t, std::vector<double>>& s_max,
+               double tau, int64_t heads, int64_t d_nope, int64_t d_pe) {
+  NoGradGuard ng;
+  auto find = [&](const std::string& name) -> Tensor* {
+    for (auto& [n, t] : named_params)
+      if (n == name) return &t;
+    return nullptr;
+  };
+  // Scales rows [first, first + count) of each head block of `rows_per_head` rows.
+  auto scale_rows = [](Tensor& t, int64_t rows_per_head, int64_t h, int64_t first, int64_t count,
+                       double f) {
+    const Tensor w = host_f32(t);
+    const int64_t cols = w.numel() / w.size(0);
+    float* p = w.data<float>() + (h * rows_per_head + first) * cols;
+    for (int64_t i = 0; i < count * cols; ++i) p[i] = static_cast<float>(p[i] * f);
+    write_back(t, w);
+  };
+  int64_t total = 0, clipped = 0;
+  for (const auto& [layer, smax] : s_max) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".self_attn.";
+    Tensor* q = find(p + "q_b_proj.weight");
+    if (!q) q = find(p + "q_proj.weight");
+    Tensor* kvb = find(p + "kv_b_proj.weight");
+    MYRIAD_CHECK(q && kvb, "qk_clip: layer ", layer, " has no q_proj/q_b_proj or kv_b_proj");
+    MYRIAD_CHECK(static_cast<int64_t>(smax.size()) == heads, "qk_clip: layer ", layer, " has ",
+                 smax.size(), " S_max values for ", heads, " heads");
+    MYRIAD_CHECK(q->dim() == 2 && q->size(0) == heads * (d_nope + d_pe), "qk_clip: ", p,
+                 " query weight ", q->desc(), " is not [H·(d_nope + d_pe), *] with H = ", heads);
+    MYRIAD_CHECK(kvb->dim() == 2 && kvb->size(0) % heads == 0 && kvb->size(0) / heads > d_nope,
+                 "qk_clip: ", p, "kv_b_proj.weight ", kvb->desc(), " does not hold ", heads,
+                 " heads of ", d_nope, " W^UK rows");
+    const int64_t kv_rows = kvb->size(0) / heads;
+    for (int64_t h = 0; h < heads; ++h) {
+      ++total;
+      if (!(smax[h] > tau)) continue;
+      ++clipped;
+      const double gamma = tau / smax[h], root = std::sqrt(gamma);
+      scale_rows(*q, d_nope + d_pe, h, 0, d_nope, root);
+      scale_rows(*q, d_nope + d_pe, h, d_nope, d_pe, gamma);
+      scale_rows(*kvb, kv_rows, h, 0, d_nope, root);
+    }
+  }
+  return total == 0 ? 0.0 : static_cast<double>(clipped) / static_cast<double>(total);
+}
+
+}  // namespace myriad::train

@@ -1,0 +1,86 @@
+// Optimisers of TRAINING.md §1: parameter groups by checkpoint name (§1.1), AdamW (§1.2) for the
+// non-matrix groups, Muon (§1.3) for the hidden matrices, global-norm gradient clipping, and the
+// QK-clip rescale of MuonClip (§1.4). All optimiser state is fp32 on the host; parameters that are
+// not contiguous f32 CPU tensors are updated through a host copy and written back. Deterministic:
+// every loop runs in a fixed order and the GEMMs of Newton-Schulz run on the CPU backend.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace myriad::train {
+
+enum class ParamGroup { Matrix, EmbedHead, Router, NoDecay, BalancerOwned };
+const char* group_name(ParamGroup g);  // "matrix", "embed_head", "router", "no_decay", "balancer"
+
+// The §1.1 table by checkpoint name and shape. e_score_correction_bias is BalancerOwned: the
+// optimiser never touches it.
+ParamGroup param_group(const std::string& checkpoint_name, const Shape& shape);
+
+struct OptimConfig {
+  std::string matrix_optimizer = "muon";  // or "adamw"
+  double lr = 0, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, momentum = 0.95;
+  bool nesterov = true, per_head = false;
+  double clip_norm = 1.0;  // <= 0 disables clipping
+  double qk_clip_tau = 100;
+};
+
+using NamedParams = std::vector<std::pair<std::string, Tensor>>;
+
+class Optimizer {
+ public:
+  // heads_per_param: H for the per-head projections (used when config.per_head is set).
+  Optimizer(NamedParams named_params, OptimConfig config,
+            std::map<std::string, int64_t> heads_per_param = {});
+
+  // Global L2 norm of all gradients (balancer-owned excluded), computed in double. When it is
+  // finite and above clip_norm the gradients are scaled in place by clip_norm / norm. NaN or Inf
+  // is returned unscaled (the trainer skips the step).
+  double clip_grad_norm();
+  // L2 norm of the current gradients per group (group_name keys), for monitoring.
+  std::map<std::string, double> group_grad_norms() const;
+  // One update at learning rate lr. Parameters without a gradient are left alone.
+  void step(double lr);
+  void zero_grad();
+
+  // "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.momentum_buffer", "<name>.step" (i64) and
+  // "step" (i64): copies, so later steps do not change a saved dict.
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& sd);
+  int64_t step_count() const { return step_; }
+  const OptimConfig& config() const { return cfg_; }
+
+ private:
+  struct Slot {
+    std::string name;
+    Tensor param;
+    ParamGroup group = ParamGroup::NoDecay;
+    bool muon = false;
+    int64_t heads = 1;                   // per-head Muon blocks
+    Tensor exp_avg, exp_avg_sq, moment;  // host f32, defined as the optimiser needs them
+    int64_t steps = 0;                   // AdamW bias correction counts this param's updates
+  };
+  void adamw_update(Slot& s, double lr);
+  void muon_update(Slot& s, double lr);
+
+  OptimConfig cfg_;
+  std::vector<Slot> slots_;
+  int64_t step_ = 0;
+};
+
+// Newton-Schulz quintic orthogonalisation (§1.3 step 2) of each matrix of a host f32 [N, A, B]
+// tensor, in fp32 through ops::matmul; returns a new [N, A, B] tensor.
+Tensor newton_schulz5(const Tensor& g_NAB, int steps = 5);
+
+// §1.4 QK-clip for MLA layers: for every head h of layer l with S_max[l][h] > tau, gamma =
+// tau / S_max and head h's nope query rows (q_proj or q_b_proj) and W^UK rows of kv_b_proj are
+// scaled by sqrt(gamma), its pe query rows by gamma; kv_a_proj_with_mqa is untouched. Returns the
+// fraction of clipped heads over all heads listed in s_max.
+double qk_clip(NamedParams& named_params, const std::map<int64_t, std::vector<double>>& s_max,
+               double tau, int64_t heads, int64_t d_nope, int64_t d_pe);
+
+}  // namespace myriad::train
