@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/data.h"
 #include "cli/plan.h"
 #include "core/error.h"
 
@@ -26,12 +27,15 @@ int main(int argc, char** argv) {
       ->required();
   myriad::cli::PlanArgs plan_args;
   auto* plan = myriad::cli::add_plan_command(app, plan_args);
+  myriad::cli::DataArgs data_args;
+  myriad::cli::add_data_commands(app, data_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*selfcheck) return myriad::cli::selfcheck(sc);
     if (*logits) return myriad::cli::logits(model_dir, tokens, out);
     if (*inspect) return myriad::cli::inspect(model_dir);
     if (*plan) return myriad::cli::plan_command(plan_args);
+    if (data_args.selected()) return myriad::cli::data_command(data_args);
   } catch (const myriad::Error& e) {
     std::fprintf(stderr, "myriad: error: %s\n", e.what());
     return 1;

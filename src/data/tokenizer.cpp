@@ -1,0 +1,129 @@
+#include "data/tokenizer.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <fstream>
+#include <unordered_map>
+
+#include "core/error.h"
+
+namespace myriad::data {
+namespace {
+
+constexpr size_t kMaxLine = 4000;  // SentencePiece skips longer training sentences
+
+// Feeds documents to the trainer as lines no longer than kMaxLine, cut at spaces.
+class DocLines : public sentencepiece::SentenceIterator {
+ public:
+  explicit DocLines(const std::vector<std::string>& docs) : docs_(docs) { Next(); }
+  bool done() const override { return doc_ >= docs_.size(); }
+  void Next() override {
+    while (doc_ < docs_.size()) {
+      const std::string& d = docs_[doc_];
+      while (pos_ < d.size() && (d[pos_] == '\n' || d[pos_] == ' ')) ++pos_;
+      if (pos_ < d.size()) {
+        size_t end = std::min(d.size(), pos_ + kMaxLine);
+        if (size_t nl = d.find('\n', pos_); nl != std::string::npos && nl < end) end = nl;
+        if (end < d.size() && d[end] != '\n') {
+          size_t sp = d.rfind(' ', end);
+          if (sp != std::string::npos && sp > pos_) end = sp;
+        }
+        value_ = d.substr(pos_, end - pos_);
+        pos_ = end;
+        return;
+      }
+      ++doc_;
+      pos_ = 0;
+    }
+  }
+  const std::string& value() const override { return value_; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& docs_;
+  size_t doc_ = 0, pos_ = 0;
+  std::string value_;
+};
+
+}  // namespace
+
+Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::train(const std::vector<std::string>& docs, int vocab_size,
+                           const std::string& model_path) {
+  MYRIAD_CHECK(!docs.empty(), "Tokenizer::train: empty corpus");
+  MYRIAD_CHECK(vocab_size >= 300, "Tokenizer::train: vocab_size ", vocab_size,
+               " is too small (byte fallback needs 256 byte pieces plus specials)");
+  const std::unordered_map<std::string, std::string> args = {
+      {"model_type", "bpe"},
+      {"vocab_size", std::to_string(vocab_size)},
+      {"byte_fallback", "true"},
+      {"character_coverage", "0.9995"},
+      {"split_digits", "true"},  // numbers (pass keys) become digit sequences
+      {"normalization_rule_name", "identity"},
+      {"remove_extra_whitespaces", "false"},  // exact round trip
+      {"allow_whitespace_only_pieces", "true"},
+      {"hard_vocab_limit", "false"},
+      {"num_threads", "1"},  // determinism
+      {"input_sentence_size", "0"},
+      {"shuffle_input_sentence", "false"},
+      {"max_sentence_length", std::to_string(kMaxLine * 4)},
+      {"unk_id", "0"},
+      {"bos_id", "1"},
+      {"eos_id", "2"},
+      {"pad_id", "3"},
+      {"minloglevel", "2"},
+  };
+  DocLines lines(docs);
+  std::string proto;
+  auto st = sentencepiece::SentencePieceTrainer::Train(args, &lines, &proto);
+  MYRIAD_CHECK(st.ok(), "Tokenizer::train: SentencePiece failed: ", st.ToString());
+  {
+    std::ofstream f(model_path, std::ios::binary | std::ios::trunc);
+    MYRIAD_CHECK(f, "Tokenizer::train: cannot write ", model_path);
+    f.write(proto.data(), static_cast<std::streamsize>(proto.size()));
+    MYRIAD_CHECK(f.good(), "Tokenizer::train: write to ", model_path, " failed");
+  }
+  Tokenizer t;
+  st = t.sp_->LoadFromSerializedProto(proto);
+  MYRIAD_CHECK(st.ok(), "Tokenizer::train: cannot load the trained model: ", st.ToString());
+  return t;
+}
+
+Tokenizer Tokenizer::load(const std::string& model_path) {
+  Tokenizer t;
+  auto st = t.sp_->Load(model_path);
+  MYRIAD_CHECK(st.ok(), "Tokenizer::load: ", model_path, ": ", st.ToString());
+  MYRIAD_CHECK(t.sp_->bos_id() == 1 && t.sp_->eos_id() == 2 && t.sp_->pad_id() == 3,
+               "Tokenizer::load: ", model_path,
+               " was not trained by Myriad (expected bos=1 eos=2 pad=3)");
+  return t;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int> ids;
+  auto st = sp_->Encode(text, &ids);
+  MYRIAD_CHECK(st.ok(), "Tokenizer::encode: ", st.ToString());
+  return {ids.begin(), ids.end()};
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::vector<int> v(ids.begin(), ids.end());
+  for (int id : v)
+    MYRIAD_CHECK(id >= 0 && id < vocab_size(), "Tokenizer::decode: id ", id,
+                 " outside the vocabulary [0, ", vocab_size(), ")");
+  std::string out;
+  auto st = sp_->Decode(v, &out);
+  MYRIAD_CHECK(st.ok(), "Tokenizer::decode: ", st.ToString());
+  return out;
+}
+
+int Tokenizer::vocab_size() const {
+  return sp_->GetPieceSize();
+}
+
+}  // namespace myriad::data
