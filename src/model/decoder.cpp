@@ -185,6 +185,18 @@ ForwardOutput Decoder::forward(const Tensor& ids_BT, DecodeCache* cache, Forward
   return out;
 }
 
+const RouteStats& Decoder::last_route(int64_t layer) const {
+  MYRIAD_CHECK(layer >= 0 && layer < static_cast<int64_t>(layers_.size()) && layers_[layer].moe,
+               "model: layer ", layer, " is not a MoE layer");
+  return layers_[layer].moe->last_route();
+}
+
+Tensor Decoder::selection_bias(int64_t layer) const {
+  MYRIAD_CHECK(layer >= 0 && layer < static_cast<int64_t>(layers_.size()) && layers_[layer].moe,
+               "model: layer ", layer, " is not a MoE layer");
+  return w(Moe::prefix(config_, layer) + "gate.e_score_correction_bias");
+}
+
 Tensor Decoder::loss(const Tensor& ids_BT) const {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   ForwardOutput f = forward(ids_BT, nullptr, {.logits = false});

@@ -63,6 +63,12 @@ class Decoder {
     std::vector<int64_t> ids;         // the new tokens
     std::vector<Tensor> step_logits;  // [V] logits that picked each one
   };
+  // Routing of the last forward in MoE layer `layer` (a decoder layer index; throws for dense).
+  const RouteStats& last_route(int64_t layer) const;
+  // The selection bias e_score_correction_bias of MoE layer `layer`: a handle on the weight's
+  // storage (not trainable), so balancers update it in place.
+  Tensor selection_bias(int64_t layer) const;
+
   // Greedy decoding from a prompt [1, T]: prefill into a fresh cache, then one token at a time.
   Generation generate_greedy(const Tensor& prompt_1T, int64_t new_tokens) const;
 

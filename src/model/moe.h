@@ -22,6 +22,12 @@ struct Routing {
   Tensor p_NK;    // [N, k] mixture weights (differentiable)
 };
 
+// What the last route() saw, for balancers and monitors (TRAINING.md §3-4): detached.
+struct RouteStats {
+  Tensor scores_Nn;    // f32 [N, n] unbiased sigmoid scores
+  Tensor selected_Nk;  // i64 [N, k] chosen experts
+};
+
 class Moe {
  public:
   Moe(const ModelConfig& c, const Weights* w, int64_t layer);
@@ -30,6 +36,7 @@ class Moe {
   static std::string prefix(const ModelConfig& c, int64_t layer);
   Routing route(const Tensor& x_ND) const;
   Tensor forward(const Tensor& x_BTD) const;
+  const RouteStats& last_route() const { return last_; }
 
  private:
   const Tensor& w(const std::string& name) const { return w_->get(prefix_ + name); }
@@ -41,6 +48,7 @@ class Moe {
   int64_t n_, k_, groups_, topk_group_, shared_;
   bool renorm_, latent_, latent_norm_, latent_router_;
   double scale_, eps_, router_scale_;  // router_scale_ = 1/√d_r
+  mutable RouteStats last_;            // overwritten by every route()
 };
 
 }  // namespace myriad::model

@@ -1,0 +1,242 @@
+// Output writers: the TensorBoard event file (CRC32C against known vectors, TFRecord framing and
+// checksums re-read here, the Event fields decoded by a minimal protobuf reader; and, when
+// MYRIAD_TB_CHECK_PYTHON names a python with the `tensorboard` package, the official reader via
+// tools/reference/check_tfevents.py), and the run report (metrics.jsonl lines parse, report.html
+// is well-formed markup with every plot and no scripts).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "train/events.h"
+#include "train/report.h"
+
+using namespace myriad::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("myriad_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+std::span<const uint8_t> bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+// Minimal protobuf reading: field number -> raw values (varints as numbers, others as bytes).
+struct Field {
+  int num, wire;
+  uint64_t v = 0;
+  std::string s;
+};
+std::vector<Field> fields(const std::string& m) {
+  std::vector<Field> out;
+  size_t i = 0;
+  auto varint = [&] {
+    uint64_t v = 0;
+    for (int sh = 0;; sh += 7) {
+      const auto b = static_cast<uint8_t>(m.at(i++));
+      v |= uint64_t(b & 0x7F) << sh;
+      if (!(b & 0x80)) return v;
+    }
+  };
+  while (i < m.size()) {
+    const uint64_t key = varint();
+    Field f{static_cast<int>(key >> 3), static_cast<int>(key & 7), 0, {}};
+    if (f.wire == 0)
+      f.v = varint();
+    else if (f.wire == 1)
+      f.s = m.substr(i, 8), i += 8;
+    else if (f.wire == 5)
+      f.s = m.substr(i, 4), i += 4;
+    else if (f.wire == 2) {
+      const uint64_t n = varint();
+      f.s = m.substr(i, n);
+      i += n;
+    } else
+      ADD_FAILURE() << "wire type " << f.wire;
+    out.push_back(f);
+  }
+  return out;
+}
+
+// The records of a TFRecord file, checking both masked CRCs.
+std::vector<std::string> records(const std::string& file) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < file.size()) {
+    uint64_t len;
+    uint32_t c1, c2;
+    std::memcpy(&len, file.data() + i, 8);
+    std::memcpy(&c1, file.data() + i + 8, 4);
+    EXPECT_EQ(c1, masked_crc32c(bytes(file.substr(i, 8))));
+    std::string data = file.substr(i + 12, len);
+    std::memcpy(&c2, file.data() + i + 12 + len, 4);
+    EXPECT_EQ(c2, masked_crc32c(bytes(data)));
+    out.push_back(data);
+    i += 16 + len;
+  }
+  EXPECT_EQ(i, file.size());
+  return out;
+}
+
+}  // namespace
+
+TEST(Events, Crc32cKnownVectors) {
+  EXPECT_EQ(crc32c(bytes("123456789")), 0xE3069283u);            // the CRC-32C check value
+  EXPECT_EQ(crc32c(bytes(std::string(32, '\0'))), 0x8A9136AAu);  // RFC 3720 B.4
+  EXPECT_EQ(crc32c(bytes(std::string(32, '\xff'))), 0x62A8AB43u);
+  EXPECT_EQ(crc32c(bytes("")), 0u);
+}
+
+TEST(Events, WritesTensorBoardEventFile) {
+  const fs::path dir = temp_dir("events");
+  std::string path;
+  nlohmann::json expect;
+  {
+    EventWriter w(dir.string());
+    path = w.path();
+    EXPECT_EQ(fs::path(path).parent_path(), dir);
+    EXPECT_EQ(fs::path(path).filename().string().rfind("events.out.tfevents.", 0), 0u);
+    for (int64_t step = 0; step < 5; ++step) {
+      const std::map<std::string, double> m = {
+          {"loss", 3.0 - 0.25 * step}, {"layer1/load/max_over_mean", 1.0 + 0.5 / (step + 1)}};
+      w.scalars(step, m);
+      for (const auto& [k, v] : m) expect["scalars"][k].push_back({step, v});
+    }
+    w.scalar("lr", 7, 1e-3);
+    expect["scalars"]["lr"].push_back({7, 1e-3});
+    const std::vector<double> loads = {0.5, 1.0, 1.0, 1.5, 2.0, 0.0};
+    w.histogram("layer1/load", 4, loads, 4);
+    expect["histograms"]["layer1/load"].push_back({4, 6, 0.0, 2.0, 6.0});
+    w.flush();
+  }
+  const auto recs = records(slurp(path));
+  ASSERT_EQ(recs.size(), 8u);  // version + 5 + 1 + histogram
+  auto ev = fields(recs[0]);
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev[0].num, 1);  // wall_time
+  double wall;
+  std::memcpy(&wall, ev[0].s.data(), 8);
+  EXPECT_GT(wall, 1.6e9);
+  EXPECT_EQ(ev[2].num, 3);
+  EXPECT_EQ(ev[2].s, "brain.Event:2");
+  ev = fields(recs[3]);  // step 2: Summary with two values
+  EXPECT_EQ(ev[1].num, 2);
+  EXPECT_EQ(ev[1].v, 2u);
+  ASSERT_EQ(ev[2].num, 5);
+  const auto values = fields(ev[2].s);
+  ASSERT_EQ(values.size(), 2u);
+  const auto v0 = fields(values[1].s);
+  EXPECT_EQ(v0[0].s, "loss");
+  float f;
+  std::memcpy(&f, v0[1].s.data(), 4);
+  EXPECT_EQ(v0[1].num, 2);
+  EXPECT_EQ(f, 2.5f);
+
+  const char* py = std::getenv("MYRIAD_TB_CHECK_PYTHON");
+  if (!py || !*py) GTEST_SKIP() << "set MYRIAD_TB_CHECK_PYTHON to a python with tensorboard";
+  const fs::path ex = dir / "expect.json";
+  std::ofstream(ex) << expect.dump();
+  const std::string cmd = std::string(py) +
+                          " " MYRIAD_SOURCE_DIR "/tools/reference/check_tfevents.py " + path + " " +
+                          ex.string();
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  fs::remove_all(dir);
+}
+
+namespace {
+// Tags balance (void/self-closed ones aside): a well-formedness check without an XML library.
+bool balanced(const std::string& h, std::string& why) {
+  std::vector<std::string> stack;
+  for (size_t i = h.find('<'); i != std::string::npos; i = h.find('<', i + 1)) {
+    const size_t e = h.find('>', i);
+    if (e == std::string::npos) return why = "unterminated tag", false;
+    const std::string tag = h.substr(i + 1, e - i - 1);
+    if (tag.empty() || tag[0] == '!' || tag.back() == '/') continue;
+    const std::string name = tag.substr(tag[0] == '/', tag.find_first_of(" \n") - (tag[0] == '/'));
+    if (tag[0] != '/') {
+      stack.push_back(name);
+    } else if (stack.empty() || stack.back() != name) {
+      return why = "</" + name + "> closes <" + (stack.empty() ? "" : stack.back()) + ">", false;
+    } else {
+      stack.pop_back();
+    }
+  }
+  if (!stack.empty()) why = "unclosed <" + stack.back() + ">";
+  return stack.empty();
+}
+
+size_t count(const std::string& h, const std::string& s) {
+  size_t n = 0;
+  for (size_t i = h.find(s); i != std::string::npos; i = h.find(s, i + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST(Report, WritesJsonlAndSelfContainedHtml) {
+  const fs::path dir = temp_dir("report");
+  {
+    RunReport r(dir.string());
+    for (int64_t t = 0; t < 60; ++t) {
+      r.scalars(t, {{"loss", 5.0 * std::exp(-t / 20.0) + 1.0},
+                    {"lr", 1e-3 * std::min(1.0, (t + 1) / 10.0)},
+                    {"grad/norm", 1.0 + 0.3 * std::sin(t)},
+                    {"grad/jitter", std::abs(std::cos(t))},
+                    {"layer1/route/token_entropy", 0.9},
+                    {"layer1/route/load_entropy", 0.8 + 0.003 * t},
+                    {"loss/z", t == 3 ? NAN : 0.0}});
+      for (int64_t layer : {1, 2}) {
+        std::vector<double> loads(16);
+        for (int j = 0; j < 16; ++j) loads[j] = 1.0 + (j - 7.5) / 8.0 * std::exp(-t / 15.0);
+        r.expert_load(t, layer, loads);
+      }
+    }
+    r.stage_eval("S1", {512, 1024, 2048}, {0.0, 0.5, 1.0},
+                 {{1.0, 1.0, 0.9}, {1.0, 0.8, 0.6}, {0.5, 0.2, 0.1}});
+    r.stage_eval("S2", {4096}, {0.25, 0.75}, {{0.75, 0.5}});
+    EXPECT_THROW(r.stage_eval("bad", {1, 2}, {0.5}, {{1.0}}), std::exception);
+    r.write_html();
+  }
+  std::ifstream jl(dir / "metrics.jsonl");
+  std::string line;
+  int lines = 0, evals = 0;
+  while (std::getline(jl, line)) {
+    const auto j = nlohmann::json::parse(line);  // throws on a malformed line
+    ++lines;
+    evals += j.contains("stage_eval");
+    if (j.contains("loss/z") && j["step"] == 3) {
+      EXPECT_TRUE(j["loss/z"].is_null());
+    }
+  }
+  EXPECT_EQ(lines, 60 + 120 + 2);
+  EXPECT_EQ(evals, 2);
+  const std::string h = slurp(dir / "report.html");
+  std::string why;
+  EXPECT_TRUE(balanced(h, why)) << why;
+  EXPECT_EQ(count(h, "<script"), 0u);
+  EXPECT_EQ(count(h, "src="), 0u);            // nothing external
+  EXPECT_EQ(count(h, "<svg"), 5u + 2u + 2u);  // 5 line plots, 2 layer heatmaps, 2 grids
+  EXPECT_EQ(count(h, "class=\"heatmap\""), 2u);
+  EXPECT_EQ(count(h, "class=\"evalgrid\""), 2u);
+  EXPECT_EQ(count(h, "<polyline"), 1u + 1u + 1u + 1u + 2u);  // loss, lr, grad, jitter, entropies
+  EXPECT_NE(h.find("Expert load, layer 2"), std::string::npos);
+  EXPECT_NE(h.find("Passkey accuracy, stage S2"), std::string::npos);
+  EXPECT_EQ(count(h, "<rect"), 5u + 2u * 60u * 16u + 9u + 2u);  // frames + cells
+  if (!std::getenv("MYRIAD_KEEP_REPORT")) fs::remove_all(dir);
+}
