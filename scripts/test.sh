@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+# Tests run two at a time on two cores: spinning OpenMP workers would fight each other.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 jobs=${MYRIAD_JOBS:-2}
 
 echo "== release build =="

@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/data.h"
 #include "cli/plan.h"
+#include "cli/train.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -27,6 +28,8 @@ int main(int argc, char** argv) {
       ->required();
   myriad::cli::PlanArgs plan_args;
   auto* plan = myriad::cli::add_plan_command(app, plan_args);
+  myriad::cli::TrainArgs train_args;
+  auto* train = myriad::cli::add_train_command(app, train_args);
   myriad::cli::DataArgs data_args;
   myriad::cli::add_data_commands(app, data_args);
   CLI11_PARSE(app, argc, argv);
@@ -35,6 +38,7 @@ int main(int argc, char** argv) {
     if (*logits) return myriad::cli::logits(model_dir, tokens, out);
     if (*inspect) return myriad::cli::inspect(model_dir);
     if (*plan) return myriad::cli::plan_command(plan_args);
+    if (*train) return myriad::cli::train_command(train_args);
     if (data_args.selected()) return myriad::cli::data_command(data_args);
   } catch (const myriad::Error& e) {
     std::fprintf(stderr, "myriad: error: %s\n", e.what());

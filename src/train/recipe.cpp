@@ -1,0 +1,278 @@
+#include "train/recipe.h"
+
+#include <toml++/toml.h>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace myriad::train {
+namespace {
+
+// Reads the keys of one table, refusing unknown ones; every error names the dotted key.
+class Section {
+ public:
+  Section(const toml::table* t, std::string prefix) : t_(t), prefix_(std::move(prefix)) {}
+  ~Section() = default;
+  std::string key(std::string_view k) const { return prefix_ + std::string(k); }
+  const toml::node* node(std::string_view k) {
+    seen_.insert(std::string(k));
+    return t_ ? t_->get(k) : nullptr;
+  }
+  template <class T>
+  void get(std::string_view k, T& out) {
+    const toml::node* n = node(k);
+    if (!n) return;
+    if constexpr (std::is_same_v<T, bool>) {
+      MYRIAD_CHECK(n->is_boolean(), key(k), ": expected true or false");
+      out = *n->value<bool>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      MYRIAD_CHECK(n->is_string(), key(k), ": expected a string");
+      out = *n->value<std::string>();
+    } else if constexpr (std::is_floating_point_v<T>) {
+      MYRIAD_CHECK(n->is_number(), key(k), ": expected a number");
+      out = *n->value<double>();
+      MYRIAD_CHECK(std::isfinite(out), key(k), ": must be finite");
+    } else {
+      MYRIAD_CHECK(n->is_integer(), key(k), ": expected an integer");
+      const int64_t v = *n->value<int64_t>();
+      MYRIAD_CHECK(std::is_signed_v<T> || v >= 0, key(k), ": must not be negative");
+      out = static_cast<T>(v);
+    }
+  }
+  void check_positive(std::string_view k, double v) const {
+    MYRIAD_CHECK(v > 0, key(k), ": must be positive, got ", v);
+  }
+  // Every key of the table was read.
+  void finish() const {
+    if (!t_) return;
+    for (auto&& [k, v] : *t_)
+      MYRIAD_CHECK(seen_.count(std::string(k.str())), "unknown key ", key(k.str()));
+  }
+
+ private:
+  const toml::table* t_;
+  std::string prefix_;
+  std::set<std::string> seen_;
+};
+
+const toml::table* subtable(const toml::table& root, std::string_view k) {
+  const toml::node* n = root.get(k);
+  if (!n) return nullptr;
+  MYRIAD_CHECK(n->is_table(), k, ": expected a table [", k, "]");
+  return n->as_table();
+}
+
+nlohmann::json to_json(const toml::node& n, const std::string& key) {
+  if (const auto* t = n.as_table()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (auto&& [k, v] : *t) j[std::string(k.str())] = to_json(v, key + "." + std::string(k.str()));
+    return j;
+  }
+  if (const auto* a = n.as_array()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const auto& v : *a) j.push_back(to_json(v, key));
+    return j;
+  }
+  if (n.is_string()) return *n.value<std::string>();
+  if (n.is_integer()) return *n.value<int64_t>();
+  if (n.is_floating_point()) return *n.value<double>();
+  if (n.is_boolean()) return *n.value<bool>();
+  throw Error(cat(key, ": dates and times are not config values"));
+}
+
+void one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+  std::string list;
+  for (const char* o : ok) {
+    if (v == o) return;
+    list += list.empty() ? o : std::string(", ") + o;
+  }
+  throw Error(cat(key, ": \"", v, "\" is not one of ", list));
+}
+
+}  // namespace
+
+Recipe Recipe::parse(std::string_view text, std::string_view source) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << e;
+    throw Error(cat(source, ": ", os.str()));
+  }
+  Recipe r;
+  r.text = std::string(text);
+  Section top(&root, "");
+  for (const char* t : {"model", "data", "optimizer", "schedule", "checkpoint", "log", "debug"})
+    top.node(t);
+  top.node("stage");
+  top.get("balancer", r.balancer_mode);
+  top.get("precision", r.precision);
+  top.get("seed", r.seed);
+  top.get("deterministic", r.deterministic);
+  top.finish();
+  if (!r.balancer_mode.empty())
+    one_of("balancer", r.balancer_mode, {"quantile", "quantile_band", "sign", "none"});
+  one_of("precision", r.precision, {"f32", "bf16"});
+  MYRIAD_CHECK(r.precision == "f32",
+               "precision: \"bf16\" training is not supported yet (the optimiser, autograd and "
+               "checkpoints run in f32); use precision = \"f32\"");
+
+  Section m(subtable(root, "model"), "model.");
+  m.get("preset", r.model_preset);
+  m.get("config", r.model_config);
+  if (const toml::node* o = m.node("overrides")) {
+    MYRIAD_CHECK(o->is_table(), "model.overrides: expected a table");
+    r.model_overrides = to_json(*o, "model.overrides");
+  }
+  m.finish();
+  MYRIAD_CHECK(r.model_preset.empty() != r.model_config.empty(),
+               "model: give exactly one of model.preset and model.config");
+
+  Section d(subtable(root, "data"), "data.");
+  d.get("tokenizer", r.tokenizer);
+  d.get("vocab_size", r.vocab_size);
+  d.get("corpus", r.corpus);
+  d.get("max_corpus_bytes", r.max_corpus_bytes);
+  d.get("shard_dir", r.shard_dir);
+  d.get("shard_tokens", r.shard_tokens);
+  d.get("heldout_fraction", r.heldout_fraction);
+  d.get("heldout_batches", r.heldout_batches);
+  d.finish();
+  one_of("data.corpus", r.corpus, {"builtin", "synthetic"});
+  MYRIAD_CHECK(r.vocab_size >= 16, "data.vocab_size: must be at least 16, got ", r.vocab_size);
+  d.check_positive("max_corpus_bytes", static_cast<double>(r.max_corpus_bytes));
+  d.check_positive("shard_tokens", static_cast<double>(r.shard_tokens));
+  MYRIAD_CHECK(r.heldout_fraction > 0 && r.heldout_fraction < 1,
+               "data.heldout_fraction: must be in (0, 1), got ", r.heldout_fraction);
+
+  Section o(subtable(root, "optimizer"), "optimizer.");
+  OptimConfig& oc = r.optimizer;
+  oc.lr = 1e-3;
+  o.get("matrix_optimizer", oc.matrix_optimizer);
+  o.get("lr", oc.lr);
+  o.get("weight_decay", oc.weight_decay);
+  o.get("beta1", oc.beta1);
+  o.get("beta2", oc.beta2);
+  o.get("eps", oc.eps);
+  o.get("momentum", oc.momentum);
+  o.get("nesterov", oc.nesterov);
+  o.get("per_head", oc.per_head);
+  o.get("clip_norm", oc.clip_norm);
+  o.get("qk_clip_tau", oc.qk_clip_tau);
+  o.finish();
+  one_of("optimizer.matrix_optimizer", oc.matrix_optimizer, {"muon", "adamw"});
+  o.check_positive("lr", oc.lr);
+  MYRIAD_CHECK(oc.beta1 >= 0 && oc.beta1 < 1, "optimizer.beta1: must be in [0, 1)");
+  MYRIAD_CHECK(oc.beta2 >= 0 && oc.beta2 < 1, "optimizer.beta2: must be in [0, 1)");
+
+  Section s(subtable(root, "schedule"), "schedule.");
+  s.get("kind", r.schedule.kind);
+  s.get("warmup", r.schedule.warmup);
+  s.get("min_ratio", r.schedule.min_ratio);
+  s.get("decay_steps", r.schedule.decay_steps);
+  s.get("decay_shape", r.schedule.decay_shape);
+  s.finish();
+  one_of("schedule.kind", r.schedule.kind, {"wsd", "cosine", "constant"});
+  one_of("schedule.decay_shape", r.schedule.decay_shape, {"1-sqrt", "linear"});
+  MYRIAD_CHECK(r.schedule.min_ratio >= 0 && r.schedule.min_ratio <= 1,
+               "schedule.min_ratio: must be in [0, 1]");
+
+  Section c(subtable(root, "checkpoint"), "checkpoint.");
+  c.get("dir", r.checkpoint_dir);
+  c.get("every", r.checkpoint_every);
+  c.get("keep_last", r.keep_last);
+  c.finish();
+  MYRIAD_CHECK(r.keep_last >= 1, "checkpoint.keep_last: must be at least 1");
+
+  Section l(subtable(root, "log"), "log.");
+  l.get("every", r.log_every);
+  l.get("jsonl", r.log_jsonl);
+  l.get("tensorboard", r.log_tensorboard);
+  l.get("html", r.log_html);
+  l.finish();
+  l.check_positive("every", static_cast<double>(r.log_every));
+
+  Section dbg(subtable(root, "debug"), "debug.");
+  if (const toml::node* p = dbg.node("poison_steps")) {
+    MYRIAD_CHECK(p->is_array(), "debug.poison_steps: expected an array of steps");
+    for (const auto& v : *p->as_array()) {
+      MYRIAD_CHECK(v.is_integer() && *v.value<int64_t>() >= 1,
+                   "debug.poison_steps: expected step numbers >= 1");
+      r.poison_steps.push_back(*v.value<int64_t>());
+    }
+  }
+  dbg.finish();
+
+  const toml::node* st = root.get("stage");
+  MYRIAD_CHECK(st && st->is_array_of_tables() && !st->as_array()->empty(),
+               "stage: the recipe needs at least one [[stage]]");
+  int64_t i = 0;
+  for (const auto& n : *st->as_array()) {
+    Section g(n.as_table(), cat("stage[", i++, "]."));
+    StageSpec sp;
+    sp.name = cat("stage", i - 1);
+    g.get("name", sp.name);
+    g.get("seq_len", sp.seq_len);
+    g.get("steps", sp.steps);
+    g.get("tokens_per_step", sp.tokens_per_step);
+    g.get("batch_size", sp.batch_size);
+    g.get("lr_scale", sp.lr_scale);
+    g.get("data_mix", sp.data_mix);
+    g.finish();
+    g.check_positive("seq_len", static_cast<double>(sp.seq_len));
+    g.check_positive("steps", static_cast<double>(sp.steps));
+    g.check_positive("tokens_per_step", static_cast<double>(sp.tokens_per_step));
+    g.check_positive("lr_scale", sp.lr_scale);
+    one_of(g.key("data_mix"), sp.data_mix, {"base"});
+    if (sp.batch_size == 0)
+      sp.batch_size =
+          std::max<int64_t>(1, std::min<int64_t>(sp.tokens_per_step, 2048) / sp.seq_len);
+    MYRIAD_CHECK(sp.tokens_per_step % (sp.batch_size * sp.seq_len) == 0, g.key("tokens_per_step"),
+                 ": ", sp.tokens_per_step,
+                 " is not a multiple of batch_size * seq_len = ", sp.batch_size * sp.seq_len);
+    r.stages.push_back(sp);
+  }
+  r.schedule.peak = r.optimizer.lr;
+  r.schedule.total = r.total_steps();
+  MYRIAD_CHECK(r.schedule.warmup < r.schedule.total, "schedule.warmup: ", r.schedule.warmup,
+               " must be below the total steps ", r.schedule.total);
+  r.model(r.vocab_size);  // validates the model section now
+  return r;
+}
+
+Recipe Recipe::load(const std::string& path) {
+  std::ifstream f(path);
+  MYRIAD_CHECK(f, "recipe: cannot read ", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse(ss.str(), path);
+}
+
+int64_t Recipe::total_steps() const {
+  int64_t t = 0;
+  for (const auto& s : stages) t += s.steps;
+  return t;
+}
+
+model::ModelConfig Recipe::model(int64_t vocab) const {
+  model::ModelConfig base =
+      model_preset.empty() ? model::ModelConfig::load(model_config) : model::preset(model_preset);
+  nlohmann::json j = nlohmann::json::parse(base.to_json());
+  j.merge_patch(model_overrides);
+  j["vocab_size"] = vocab;
+  if (!balancer_mode.empty()) j["myriad"]["balancer"]["mode"] = balancer_mode;
+  model::ModelConfig c;
+  try {
+    c = model::ModelConfig::from_json(j.dump(), "model.overrides");
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(cat("model: ", e.what()));
+  }
+  return c;
+}
+
+}  // namespace myriad::train

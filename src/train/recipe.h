@@ -1,0 +1,70 @@
+// Training recipes (pretraining issue item 2): one TOML file that names the model, the data, the
+// optimiser and schedule, the balancer, precision, seed, checkpointing, logging and the context
+// curriculum stages (TRAINING.md §1, §3, §5). Unknown keys and bad values raise errors that name
+// the key ("optimizer.lr: ...").
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/config.h"
+#include "train/optim.h"
+#include "train/schedule.h"
+
+namespace myriad::train {
+
+struct StageSpec {
+  std::string name;
+  int64_t seq_len = 0, steps = 0, tokens_per_step = 0;
+  int64_t batch_size = 0;  // sequences per micro-batch; 0: min(tokens_per_step, 2048) / seq_len
+  double lr_scale = 1.0;
+  std::string data_mix = "base";  // only "base" (the train shards) for now
+  int64_t micro_batches() const { return tokens_per_step / (batch_size * seq_len); }
+};
+
+struct Recipe {
+  std::string text;  // the TOML source, stored in checkpoints
+
+  // [model]: a preset name or a config path (file or directory), plus config.json overrides.
+  std::string model_preset, model_config;
+  nlohmann::json model_overrides = nlohmann::json::object();
+
+  // [data]: relative paths are taken inside the run's output directory.
+  std::string tokenizer = "tokenizer.model";  // trained when missing
+  int64_t vocab_size = 512;                   // for a tokenizer trained here
+  std::string corpus = "builtin";             // "builtin" (WordNet + GCIDE) or "synthetic"
+  int64_t max_corpus_bytes = 4 << 20;
+  std::string shard_dir = "shards";  // built when it has no meta.json
+  int64_t shard_tokens = 1 << 20;
+  double heldout_fraction = 0.02;
+  int64_t heldout_batches = 4;  // micro-batches of the held-out split per stage-end evaluation
+
+  OptimConfig optimizer;
+  Schedule schedule;          // peak = optimizer.lr, total = the sum of the stages' steps
+  std::string balancer_mode;  // empty: the model config's myriad.balancer.mode
+  std::string precision = "f32";
+  uint64_t seed = 0;
+  // Runs are always seeded (init, data order); with equal thread counts the losses repeat bit for
+  // bit. false is accepted and changes nothing yet (room for nondeterministic fast kernels).
+  bool deterministic = true;
+
+  std::string checkpoint_dir = "checkpoints";
+  int64_t checkpoint_every = 0;  // 0: only at the end and on a stop signal
+  int keep_last = 3;
+
+  int64_t log_every = 1;
+  bool log_jsonl = true, log_tensorboard = true, log_html = true;
+
+  std::vector<StageSpec> stages;
+  std::vector<int64_t> poison_steps;  // [debug]: steps (1-based) whose loss is made NaN
+
+  static Recipe parse(std::string_view toml_text, std::string_view source = "recipe");
+  static Recipe load(const std::string& path);
+  int64_t total_steps() const;
+  // The model config with overrides applied and vocab_size set; validated.
+  model::ModelConfig model(int64_t vocab) const;
+};
+
+}  // namespace myriad::train

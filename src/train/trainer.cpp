@@ -1,0 +1,358 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "data/corpus.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/shape.h"
+#include "train/balancer.h"
+#include "train/checkpoint.h"
+#include "train/events.h"
+#include "train/report.h"
+#include "train/signals.h"
+
+namespace myriad::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Trainer::Impl {
+  Recipe r;
+  fs::path out;
+  std::optional<data::Tokenizer> tok;
+  std::optional<model::Decoder> dec;
+  std::optional<Optimizer> opt;
+  std::map<int64_t, Balancer> bal;  // by decoder layer
+  std::optional<data::TokenStream> stream;
+  std::optional<CheckpointManager> ckpt;
+  std::optional<RunReport> report;
+  std::optional<EventWriter> events;
+  Monitor mon;
+  std::vector<StepRecord> hist;
+  std::vector<StageResult> stages;
+  int64_t step = 0, stop_at = -1, last_saved = -1;
+  bool quiet = false, tty = false, finished = false;
+  double train_seconds = 0;
+  int64_t timed_steps = 0;
+
+  std::string path(const std::string& p) const {
+    return fs::path(p).is_absolute() ? p : (out / p).string();
+  }
+
+  std::vector<std::string> corpus() const {
+    if (r.corpus == "synthetic")
+      return data::synthetic_fallback_corpus(r.seed, static_cast<size_t>(r.max_corpus_bytes));
+    return data::builtin_corpus(static_cast<size_t>(r.max_corpus_bytes));
+  }
+
+  void setup() {
+    fs::create_directories(out);
+    const std::string tok_path = path(r.tokenizer), shard_dir = path(r.shard_dir);
+    std::vector<std::string> docs;
+    if (!fs::exists(tok_path) || !fs::exists(fs::path(shard_dir) / "meta.json")) docs = corpus();
+    if (fs::exists(tok_path)) {
+      tok.emplace(data::Tokenizer::load(tok_path));
+    } else {
+      MYRIAD_CHECK(!docs.empty(), "data: the ", r.corpus, " corpus is empty");
+      tok.emplace(data::Tokenizer::train(docs, static_cast<int>(r.vocab_size), tok_path));
+    }
+    if (!fs::exists(fs::path(shard_dir) / "meta.json"))
+      data::write_token_shards(docs, *tok, shard_dir, r.shard_tokens, r.heldout_fraction, r.seed);
+
+    const model::ModelConfig cfg = r.model(tok->vocab_size());
+    dec.emplace(model::Decoder::random(cfg, r.seed));
+    dec->weights().requires_grad_(true);  // replaces the tensors: collect them afterwards
+    NamedParams params;
+    for (const auto& s : dec->weights().specs())
+      if (s.trainable && param_group(s.name, s.shape) != ParamGroup::BalancerOwned)
+        params.emplace_back(s.name, dec->weights().get(s.name));
+    opt.emplace(std::move(params), r.optimizer);
+    for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
+      if (cfg.is_moe_layer(i)) {
+        MYRIAD_CHECK(cfg.myriad.balancer.mode != "aux_loss",
+                     "balancer: aux_loss is not wired into the trainer yet; use quantile, "
+                     "quantile_band, sign or none");
+        bal.emplace(i, Balancer(cfg.myriad.balancer, cfg.num_experts, cfg.num_experts_per_token));
+      }
+    stream.emplace(shard_dir, "train", r.seed);
+    MYRIAD_CHECK(stream->vocab_size() <= cfg.vocab_size, "data: shards in ", shard_dir,
+                 " have vocab ", stream->vocab_size(), " > the model's ", cfg.vocab_size);
+    ckpt.emplace(path(r.checkpoint_dir), r.keep_last);
+    if (r.log_jsonl || r.log_html) report.emplace(out.string());
+    if (r.log_tensorboard) events.emplace((out / "tensorboard").string());
+    tty = isatty(fileno(stdout)) != 0;
+  }
+
+  // Index of the stage that step `s` (0-based, the next step to run) belongs to.
+  size_t stage_of(int64_t s) const {
+    int64_t end = 0;
+    for (size_t i = 0; i < r.stages.size(); ++i)
+      if (s < (end += r.stages[i].steps)) return i;
+    return r.stages.size();
+  }
+  int64_t stage_end(size_t i) const {
+    int64_t end = 0;
+    for (size_t j = 0; j <= i; ++j) end += r.stages[j].steps;
+    return end;
+  }
+
+  TrainState state() const {
+    TrainState s;
+    s.step = step;
+    s.model = dec->weights().tensors();
+    s.optimizer = opt->state_dict();
+    for (const auto& [l, b] : bal) s.balancer[cat("layer", l, ".bias")] = dec->selection_bias(l);
+    s.rng_seed = r.seed;
+    s.rng_offset = static_cast<uint64_t>(step);
+    s.data_cursor = stream->state().to_json();
+    s.recipe = r.text;
+    s.extra["config"] = dec->config().to_json();
+    return s;
+  }
+
+  void save() {
+    if (last_saved == step) return;
+    ckpt->save(state());
+    last_saved = step;
+  }
+
+  // Model weights, optimiser and step; the data cursor only when `data` is set (a rollback keeps
+  // reading forward, skipping the window that failed).
+  void restore(const TrainState& s, bool data) {
+    NoGradGuard ng;
+    for (const auto& [name, t] : s.model) {
+      Tensor dst = dec->weights().get(dec->weights().canonical(name));
+      dst.copy_(t);
+    }
+    opt->load_state_dict(s.optimizer);
+    if (data) stream->restore(data::TokenStream::State::from_json(s.data_cursor));
+    step = s.step;
+    last_saved = s.step;
+  }
+
+  Tensor micro_loss(const data::Batch& b) const {
+    const int64_t N = b.input_ids.numel(), d = dec->config().hidden_size;
+    model::ForwardOutput f = dec->forward(b.input_ids, nullptr, {.logits = false});
+    const std::string head =
+        dec->weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight";
+    Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {N, d}),
+                                            dec->weights().get(head), ops::reshape(b.labels, {N}));
+    if (f.admission_loss.defined()) loss = ops::add(loss, f.admission_loss);
+    return loss;
+  }
+
+  double heldout_loss(const StageSpec& sp) const {
+    NoGradGuard ng;
+    data::TokenStream hs(path(r.shard_dir), "heldout", r.seed);
+    double sum = 0;
+    for (int64_t i = 0; i < r.heldout_batches; ++i)
+      sum += micro_loss(hs.next(sp.batch_size, sp.seq_len)).item();
+    return sum / static_cast<double>(r.heldout_batches);
+  }
+
+  void log(int64_t s, const std::map<std::string, double>& v) {
+    if (report) report->scalars(s, v);
+    if (events) events->scalars(s, v);
+  }
+
+  void progress(const StepRecord& h, double tokens_per_s) {
+    if (quiet) return;
+    const double per_step = timed_steps ? train_seconds / static_cast<double>(timed_steps) : 0;
+    const double eta = per_step * static_cast<double>(r.total_steps() - step);
+    std::printf(
+        "%s[%s] step %lld/%lld  loss %.4f  lr %.2e  gnorm %.3f  maxvio %.3f  %.0f tok/s  "
+        "ETA %02d:%02d%s%s",
+        tty ? "\r" : "", h.stage.c_str(), static_cast<long long>(h.step),
+        static_cast<long long>(r.total_steps()), h.loss, h.lr, h.grad_norm, h.max_violation,
+        tokens_per_s, static_cast<int>(eta) / 60, static_cast<int>(eta) % 60,
+        h.decision == Decision::Apply  ? ""
+        : h.decision == Decision::Skip ? "  SKIP"
+                                       : "  ROLLBACK",
+        tty ? "   " : "\n");
+    std::fflush(stdout);
+  }
+
+  void train_step(const StageSpec& sp) {
+    const auto t0 = Clock::now();
+    const int64_t n_micro = sp.micro_batches();
+    // A poisoned step fires once, so a rollback past it does not poison it again.
+    const auto pit = std::find(r.poison_steps.begin(), r.poison_steps.end(), step + 1);
+    const bool poison = pit != r.poison_steps.end();
+    if (poison) r.poison_steps.erase(pit);
+    opt->zero_grad();
+    double loss_sum = 0;
+    std::map<int64_t, model::RouteStats> sample;
+    for (int64_t mb = 0; mb < n_micro; ++mb) {
+      const data::Batch b = stream->next(sp.batch_size, sp.seq_len);
+      Tensor loss = micro_loss(b);
+      for (auto& [l, bl] : bal) {
+        const model::RouteStats& rs = dec->last_route(l);
+        bl.observe(rs.scores_Nn, rs.selected_Nk, dec->selection_bias(l));
+        if (mb == n_micro - 1) sample[l] = rs;
+      }
+      Tensor scaled = ops::mul(loss, 1.0 / static_cast<double>(n_micro));
+      if (poison && mb == 0) scaled = ops::mul(scaled, std::numeric_limits<double>::quiet_NaN());
+      scaled.backward();
+      loss_sum += poison ? std::numeric_limits<double>::quiet_NaN() : loss.item();
+    }
+    StepStats st;
+    st.step = step + 1;
+    st.loss = loss_sum / static_cast<double>(n_micro);
+    st.group_norms = opt->group_grad_norms();
+    st.grad_norm = opt->clip_grad_norm();
+    const Decision dn = mon.decide(st.loss, st.grad_norm);
+    const double lr = lr_at(r.schedule, step) * sp.lr_scale;
+    if (dn == Decision::Apply) opt->step(lr);
+    for (auto& [l, bl] : bal) {
+      LayerRouting lr_stats;
+      lr_stats.layer = l;
+      lr_stats.counts = bl.counts();
+      lr_stats.tokens = bl.tokens();
+      lr_stats.top_k = dec->config().num_experts_per_token;
+      lr_stats.scores_Nn = sample[l].scores_Nn;
+      lr_stats.selected_Nk = sample[l].selected_Nk;
+      Tensor bias = dec->selection_bias(l);
+      if (dn == Decision::Rollback) {
+        Tensor scratch = bias.clone();  // resets the accumulators; the bias is restored below
+        bl.update(scratch);
+      } else {
+        const Tensor old = bias.clone();
+        bl.update(bias);
+        for (double v : bias.to_doubles())
+          if (!std::isfinite(v)) {
+            bias.copy_(old);  // non-finite routing scores must not poison the bias
+            break;
+          }
+      }
+      lr_stats.bias = bias.to_doubles();
+      st.layers.push_back(std::move(lr_stats));
+    }
+    ++step;
+    std::map<std::string, double> scalars = mon.step(st);
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    train_seconds += secs;
+    ++timed_steps;
+    StepRecord h{step, sp.name, st.loss, st.grad_norm, lr, 0, dn};
+    for (const auto& [k, v] : scalars)
+      if (k.size() > 12 && k.compare(k.size() - 12, 12, "/load/maxvio") == 0)
+        h.max_violation = std::max(h.max_violation, v);
+    const double tps = static_cast<double>(sp.tokens_per_step) / secs;
+    if (dn == Decision::Rollback) {
+      if (auto s = ckpt->load_latest(true)) {
+        restore(*s, false);
+        std::fprintf(stderr, "trainer: 3 skipped steps; rolled back to step %lld\n",
+                     static_cast<long long>(step));
+      } else {
+        std::fprintf(stderr, "trainer: 3 skipped steps but no checkpoint to roll back to\n");
+      }
+    }
+    hist.push_back(h);
+    if (h.step % r.log_every == 0 || dn != Decision::Apply) {
+      scalars["loss"] = st.loss;
+      scalars["lr"] = lr;
+      scalars["grad/norm"] = st.grad_norm;
+      scalars["perf/tokens_per_s"] = tps;
+      scalars["perf/step_seconds"] = secs;
+      scalars["stage"] = static_cast<double>(stage_of(h.step - 1));
+      scalars["decision"] = static_cast<double>(dn);
+      log(h.step, scalars);
+      for (const auto& ls : st.layers) {
+        const double q = static_cast<double>(ls.tokens * ls.top_k) /
+                         static_cast<double>(std::max<size_t>(1, ls.counts.size()));
+        std::vector<double> loads;
+        for (int64_t c : ls.counts) loads.push_back(static_cast<double>(c) / q);
+        if (report) report->expert_load(h.step, ls.layer, loads);
+        if (events) events->histogram(cat("layer", ls.layer, "/load"), h.step, loads);
+      }
+    }
+    progress(h, tps);
+  }
+
+  void end_stage(size_t i) {
+    const StageSpec& sp = r.stages[i];
+    const double hl = heldout_loss(sp);
+    stages.push_back({sp.name, step, hl});
+    log(step, {{"heldout/loss", hl}, {"stage/end", static_cast<double>(i)}});
+    if (report && r.log_html) report->write_html();
+    if (!quiet)
+      std::printf("%sstage %s done at step %lld: held-out loss %.4f\n", tty ? "\n" : "",
+                  sp.name.c_str(), static_cast<long long>(step), hl);
+  }
+};
+
+Trainer::Trainer(Recipe recipe, std::string out_dir) : impl_(std::make_unique<Impl>()) {
+  impl_->r = std::move(recipe);
+  impl_->out = out_dir;
+  impl_->setup();
+}
+Trainer::~Trainer() = default;
+
+void Trainer::run(bool resume) {
+  Impl& m = *impl_;
+  if (resume)
+    if (auto s = m.ckpt->load_latest(true)) {
+      m.restore(*s, true);
+      if (!m.quiet) std::printf("resumed from step %lld\n", static_cast<long long>(m.step));
+    }
+  StopSignal sig;
+  const int64_t total = m.r.total_steps();
+  while (m.step < total) {
+    if (sig.requested() || (m.stop_at >= 0 && m.step >= m.stop_at)) {
+      m.save();
+      if (m.report && m.r.log_html) m.report->write_html();
+      if (!m.quiet)
+        std::printf("%sstopped at step %lld; checkpoint saved\n", m.tty ? "\n" : "",
+                    static_cast<long long>(m.step));
+      return;
+    }
+    const size_t si = m.stage_of(m.step);
+    m.train_step(m.r.stages[si]);
+    if (m.step == m.stage_end(si)) m.end_stage(si);
+    if (m.r.checkpoint_every > 0 && m.step % m.r.checkpoint_every == 0) m.save();
+  }
+  m.save();
+  if (m.events) m.events->flush();
+  if (m.report && m.r.log_html) m.report->write_html();
+  m.finished = true;
+}
+
+void Trainer::stop_after(int64_t step) {
+  impl_->stop_at = step;
+}
+void Trainer::set_quiet(bool quiet) {
+  impl_->quiet = quiet;
+}
+const std::vector<StepRecord>& Trainer::history() const {
+  return impl_->hist;
+}
+const std::vector<StageResult>& Trainer::stage_results() const {
+  return impl_->stages;
+}
+int64_t Trainer::step() const {
+  return impl_->step;
+}
+bool Trainer::finished() const {
+  return impl_->finished;
+}
+const model::Decoder& Trainer::decoder() const {
+  return *impl_->dec;
+}
+const Monitor& Trainer::monitor() const {
+  return impl_->mon;
+}
+
+}  // namespace myriad::train
