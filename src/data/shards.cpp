@@ -131,7 +131,13 @@ struct MappedShard {
   void* base = MAP_FAILED;
   size_t bytes = 0;
   const int32_t* tokens = nullptr;
-  const uint64_t* starts = nullptr;
+  const char* starts_raw =
+      nullptr;  // u64 document starts, only 4-byte aligned when n_tokens is odd
+  uint64_t start(uint64_t d) const {
+    uint64_t v;
+    std::memcpy(&v, starts_raw + d * 8, 8);
+    return v;
+  }
   uint64_t n_tokens = 0, n_docs = 0;
 
   MappedShard(std::string p, int vocab, int eos) : path(std::move(p)) {
@@ -158,13 +164,13 @@ struct MappedShard {
                  "TokenStream: ", path, " is truncated or corrupt: ", bytes, " bytes, header says ",
                  want);
     tokens = reinterpret_cast<const int32_t*>(static_cast<const char*>(base) + sizeof(Header));
-    starts = reinterpret_cast<const uint64_t*>(tokens + n_tokens);
-    const uint64_t sum = fnv(starts, n_docs * 8, fnv(tokens, n_tokens * 4));
+    starts_raw = reinterpret_cast<const char*>(tokens + n_tokens);
+    const uint64_t sum = fnv(starts_raw, n_docs * 8, fnv(tokens, n_tokens * 4));
     MYRIAD_CHECK(sum == h.checksum, "TokenStream: ", path, " is corrupt (checksum mismatch)");
     MYRIAD_CHECK(static_cast<int>(h.vocab_size) == vocab && static_cast<int>(h.eos) == eos,
                  "TokenStream: ", path, " disagrees with meta.json on vocab/eos");
     for (uint64_t d = 0; d < n_docs; ++d)
-      MYRIAD_CHECK(starts[d] < n_tokens && (d == 0 ? starts[d] == 0 : starts[d] > starts[d - 1]),
+      MYRIAD_CHECK(start(d) < n_tokens && (d == 0 ? start(d) == 0 : start(d) > start(d - 1)),
                    "TokenStream: ", path, " has a corrupt document index");
   }
   ~MappedShard() {
@@ -269,8 +275,8 @@ TokenStream::TokenStream(const std::string& dir, const std::string& split, uint6
   }
   for (const auto& s : impl_->shards)
     for (uint64_t d = 0; d < s->n_docs; ++d) {
-      const uint64_t end = d + 1 < s->n_docs ? s->starts[d + 1] : s->n_tokens;
-      impl_->docs.push_back({s->tokens + s->starts[d], static_cast<int64_t>(end - s->starts[d])});
+      const uint64_t end = d + 1 < s->n_docs ? s->start(d + 1) : s->n_tokens;
+      impl_->docs.push_back({s->tokens + s->start(d), static_cast<int64_t>(end - s->start(d))});
       impl_->total += impl_->docs.back().len;
     }
   MYRIAD_CHECK(!impl_->docs.empty(), "TokenStream: split '", split, "' in ", dir, " is empty");
