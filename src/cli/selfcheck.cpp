@@ -126,6 +126,34 @@ std::vector<Case> cases() {
          return V{f(g, {2, 512 * n, 256}), f(g, {256, 4})};
        },
        [](const V& x) { return ops::conv1d_causal(x[0], x[1]); }},
+      {"kda (chunked)",
+       [&](Generator& g, int n) {
+         return V{f(g, {1, 128 * n, 2, 32}), f(g, {1, 128 * n, 2, 32}), f(g, {1, 128 * n, 2, 32}),
+                  f(g, {1, 128 * n, 2, 32}), f(g, {1, 128 * n, 2})};
+       },
+       [](const V& x) {
+         return ops::kda(ops::l2norm(x[0]), ops::l2norm(x[1]), x[2], ops::neg(ops::softplus(x[3])),
+                         ops::sigmoid(x[4]))
+             .o;
+       }},
+      {"attention (causal)",
+       [&](Generator& g, int n) {
+         return V{f(g, {1, 4, 128 * n, 32}), f(g, {1, 4, 128 * n, 32}), f(g, {1, 4, 128 * n, 32})};
+       },
+       [](const V& x) { return ops::attention(x[0], x[1], x[2], 1.0 / std::sqrt(32.0), true); }},
+      {"situ_glu",
+       [&](Generator& g, int n) {
+         return V{f(g, {256 * n, 512}), f(g, {256 * n, 512})};
+       },
+       [](const V& x) { return ops::situ_glu(x[0], x[1]); }},
+      {"attn_res",
+       [&](Generator& g, int n) {
+         return V{f(g, {256 * n, 256}), f(g, {256 * n, 256}), f(g, {256 * n, 256}), f(g, {256}),
+                  f(g, {256})};
+       },
+       [](const V& x) {
+         return ops::attn_res({x[0], x[1], x[2]}, x[3], x[4]);
+       }},
       {"gather",
        [&](Generator& g, int n) {
          return V{f(g, {64 * n, 512}), g.randint({64 * n, 64}, 0, 512)};
