@@ -16,20 +16,12 @@
 #include "io/safetensors.h"
 #include "model/decoder.h"
 #include "ops/ops.h"
+#include "tests/model/model_test_util.h"
 
 namespace myriad::model {
 namespace {
 
 namespace fs = std::filesystem;
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  if (a.shape() != b.shape()) return INFINITY;
-  auto x = a.to_doubles(), y = b.to_doubles();
-  double m = 0;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
 
 // Three layers (KDA + dense, KDA + LatentMoE, MLA + LatentMoE), every K3 switch on, AttnRes
 // blocks of 2 layers so both the intra-block sum and a completed block are exercised.
@@ -63,17 +55,6 @@ ModelConfig k3_small() {
   c.mla_use_output_gate = true;
   c.validate();
   return c;
-}
-
-// A random model whose zero-initialised tensors (AttnRes projections, A_log, the selection bias)
-// are made random too, so no path is trivially flat, with O(1) activations.
-Decoder random_model(const ModelConfig& c, DType dtype, uint64_t seed) {
-  Decoder m = Decoder::random(c, seed, dtype);
-  Generator gen(seed + 1);
-  for (const auto& s : m.weights().specs())
-    if (s.init == Init::Zeros || s.init == Init::Normal)
-      m.weights().set(s.name, gen.normal(s.shape, 0.0, s.init == Init::Zeros ? 0.5 : 0.3, dtype));
-  return m;
 }
 
 Tensor token_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {

@@ -18,20 +18,12 @@
 #include "io/safetensors.h"
 #include "model/decoder.h"
 #include "ops/ops.h"
+#include "tests/model/model_test_util.h"
 
 namespace myriad::model {
 namespace {
 
 namespace fs = std::filesystem;
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  if (a.shape() != b.shape()) return INFINITY;
-  auto x = a.to_doubles(), y = b.to_doubles();
-  double m = 0;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
 
 // Three layers: KDA + dense, KDA + MoE, MLA + MoE (0-based layer 2 is the MLA layer).
 ModelConfig small(bool attn_res) {
@@ -63,17 +55,6 @@ ModelConfig small(bool attn_res) {
   c.myriad.admission.window = 3;
   c.validate();
   return c;
-}
-
-// A random model with O(1) activations: zero-initialised and normal tensors are drawn afresh
-// (as in test_k3), so no path is trivially flat; ones and constants keep their init.
-Decoder random_model(const ModelConfig& c, DType dtype, uint64_t seed) {
-  Decoder m = Decoder::random(c, seed, dtype);
-  Generator gen(seed + 1);
-  for (const auto& s : m.weights().specs())
-    if (s.init == Init::Zeros || s.init == Init::Normal)
-      m.weights().set(s.name, gen.normal(s.shape, 0.0, s.init == Init::Zeros ? 0.5 : 0.3, dtype));
-  return m;
 }
 
 // A model for `c` holding `base`'s tensors wherever the names agree; the rest keep their init.

@@ -11,22 +11,10 @@
 #include "core/autograd.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
+#include "tests/model/model_test_util.h"
 
 namespace myriad::model {
 namespace {
-
-std::string fixture_dir(const std::string& name) {
-  return std::string(MYRIAD_SOURCE_DIR) + "/tests/fixtures/models/" + name;
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  if (a.shape() != b.shape()) return INFINITY;
-  auto x = a.to_doubles(), y = b.to_doubles();
-  double m = 0;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
 
 double max_abs(const Tensor& a) {
   double m = 0;
