@@ -17,6 +17,10 @@ cmake --preset release >/dev/null
 cmake --build --preset release -j "$jobs"
 ctest --preset release -j "$jobs"
 
+echo "== TensorBoard's own reader on Myriad's event files =="
+# check_tfevents.py installs the tensorboard package into tools/reference/.venv when needed.
+MYRIAD_TB_CHECK_PYTHON=python3 build/release/test_train --gtest_filter='Events.*'
+
 if [ "${MYRIAD_SKIP_ASAN:-0}" != 1 ]; then
   echo "== AddressSanitizer + UBSan build =="
   cmake --preset debug-asan >/dev/null
