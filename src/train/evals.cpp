@@ -1,0 +1,270 @@
+#include "train/evals.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace myriad::train {
+namespace {
+
+// Item seeds: a splitmix64 hash of (run seed, task, cell, index) with the top bit cleared, so
+// evaluation never meets the training mix's seeds (those have the top bit set).
+uint64_t mix(uint64_t h, uint64_t v) {
+  uint64_t z = h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+uint64_t item_seed(uint64_t seed, const std::string& task, size_t li, size_t di, int s) {
+  uint64_t h = mix(seed, std::hash<std::string>{}(task));
+  h = mix(mix(mix(h, li), di), static_cast<uint64_t>(s));
+  return h & ~(1ULL << 63);
+}
+
+// Text before the first '.' or newline, for non-numeric answers.
+std::set<std::string> upper_words(const std::string& out) {
+  const std::string head = out.substr(0, out.find_first_of(".\n"));
+  std::set<std::string> words;
+  std::istringstream in(head);
+  for (std::string w; in >> w;) {
+    while (!w.empty() && !std::isalnum(static_cast<unsigned char>(w.back()))) w.pop_back();
+    if (!w.empty() && std::all_of(w.begin(), w.end(), [](char c) { return c >= 'A' && c <= 'Z'; }))
+      words.insert(w);
+  }
+  return words;
+}
+std::set<std::string> answer_words(const std::string& answer) {
+  std::set<std::string> s;
+  std::istringstream in(answer);
+  for (std::string w; in >> w;) s.insert(w);
+  return s;
+}
+bool is_number(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+using Make = std::function<data::SyntheticItem(uint64_t seed, int64_t length, double depth)>;
+
+// Runs cfg.seeds items per (length, depth) cell; depths empty means one random-depth column.
+EvalGrid run_grid(const model::Decoder& m, const data::Tokenizer& tok, const EvalConfig& cfg,
+                  uint64_t seed, const std::string& task, std::vector<double> depths,
+                  const Make& make, bool track_recovered) {
+  MYRIAD_CHECK(cfg.seeds >= 1 && cfg.segment >= 1 && cfg.max_new_tokens >= 1, "eval ", task,
+               ": seeds, segment and max_new_tokens must be positive");
+  EvalGrid g{task, cfg.lengths, depths, {}, {}, 0};
+  const size_t nd = std::max<size_t>(depths.size(), 1);
+  double total = 0;
+  for (size_t li = 0; li < cfg.lengths.size(); ++li) {
+    std::vector<double> acc(nd), rec(nd);
+    for (size_t di = 0; di < nd; ++di) {
+      int hits = 0;
+      double found = 0;
+      for (int s = 0; s < cfg.seeds; ++s) {
+        const auto item = make(item_seed(seed, task, li, di, s), cfg.lengths[li],
+                               depths.empty() ? 0.0 : depths[di]);
+        const std::string out = serve_greedy(m, tok, item.tokens, cfg.segment, cfg.max_new_tokens);
+        hits += exact_match(out, item.answer);
+        if (track_recovered) found += recovered_fraction(out, item.answer);
+      }
+      acc[di] = static_cast<double>(hits) / cfg.seeds;
+      rec[di] = found / cfg.seeds;
+      total += acc[di];
+    }
+    g.accuracy.push_back(acc);
+    if (track_recovered) g.recovered.push_back(rec);
+  }
+  g.mean = cfg.lengths.empty() ? 0.0 : total / static_cast<double>(cfg.lengths.size() * nd);
+  return g;
+}
+
+}  // namespace
+
+double EvalGrid::at(size_t i) const {
+  const auto& row = accuracy.at(i);
+  double s = 0;
+  for (double a : row) s += a;
+  return row.empty() ? 0.0 : s / static_cast<double>(row.size());
+}
+
+EvalConfig grid_for_stage(int64_t stage_len) {
+  MYRIAD_CHECK(stage_len >= 8, "grid_for_stage: stage length ", stage_len, " is below 8");
+  EvalConfig c;
+  c.lengths = {stage_len / 8, stage_len / 4, stage_len / 2, stage_len, 2 * stage_len};
+  return c;
+}
+
+const data::Filler& eval_filler(bool wordnet) {
+  static const data::Filler fixed = data::Filler::fixed();
+  if (!wordnet || !std::filesystem::exists("/usr/share/wordnet/data.noun")) return fixed;
+  static const data::Filler wn = data::Filler::wordnet(/*eval=*/true);
+  return wn;
+}
+
+Tensor segmented_prefill(const model::Decoder& m, const std::vector<int32_t>& ids, int64_t segment,
+                         model::DecodeCache& cache, bool all_logits) {
+  MYRIAD_CHECK(!ids.empty() && segment >= 1, "segmented_prefill: ", ids.size(),
+               " prompt tokens, segment ", segment);
+  NoGradGuard ng;
+  const int64_t T = static_cast<int64_t>(ids.size());
+  std::vector<Tensor> parts;
+  Tensor last;
+  for (int64_t t0 = 0; t0 < T; t0 += segment) {
+    const int64_t t1 = std::min(T, t0 + segment);
+    std::vector<int64_t> seg(ids.begin() + t0, ids.begin() + t1);
+    model::ForwardOptions opt;
+    opt.logits = all_logits || t1 == T;
+    Tensor logits = m.forward(Tensor::from_ints(seg, {1, t1 - t0}), &cache, opt).logits_BTV;
+    if (all_logits) parts.push_back(logits);
+    if (t1 == T)
+      last = ops::contiguous(ops::reshape(ops::slice(logits, 1, t1 - t0 - 1, t1 - t0), {-1}));
+  }
+  return all_logits ? ops::concat(parts, 1) : last;
+}
+
+std::string serve_greedy(const model::Decoder& m, const data::Tokenizer& tok,
+                         const std::vector<int32_t>& prompt, int64_t segment, int max_new) {
+  NoGradGuard ng;
+  model::DecodeCache cache = m.new_cache();
+  Tensor logits = segmented_prefill(m, prompt, segment, cache);
+  std::vector<int32_t> out;
+  for (int k = 0; k < max_new; ++k) {
+    const int64_t next = ops::max(logits, 0).indices.to_ints()[0];
+    if (next == tok.eos()) break;
+    out.push_back(static_cast<int32_t>(next));
+    if (k + 1 == max_new) break;
+    const std::vector<int64_t> one{next};
+    logits = ops::contiguous(
+        ops::reshape(m.forward(Tensor::from_ints(one, {1, 1}), &cache).logits_BTV, {-1}));
+  }
+  return tok.decode(out);
+}
+
+bool exact_match(const std::string& output, const std::string& answer) {
+  if (is_number(answer)) {
+    const size_t a = output.find_first_of("0123456789");
+    if (a == std::string::npos) return false;
+    const size_t b = output.find_first_not_of("0123456789", a);
+    return output.substr(a, b == std::string::npos ? std::string::npos : b - a) == answer;
+  }
+  return !answer.empty() && upper_words(output) == answer_words(answer);
+}
+
+double recovered_fraction(const std::string& output, const std::string& answer) {
+  const auto want = answer_words(answer), got = upper_words(output);
+  if (want.empty()) return 0;
+  size_t n = 0;
+  for (const auto& w : want) n += got.count(w);
+  return static_cast<double>(n) / static_cast<double>(want.size());
+}
+
+EvalGrid eval_passkey(const model::Decoder& m, const data::Tokenizer& tok, const EvalConfig& cfg,
+                      uint64_t seed) {
+  const auto& filler = eval_filler(cfg.wordnet_filler);
+  return run_grid(
+      m, tok, cfg, seed, "passkey", cfg.depths,
+      [&](uint64_t s, int64_t len, double d) { return data::passkey(s, len, d, tok, filler); },
+      false);
+}
+
+EvalGrid eval_mk_niah(const model::Decoder& m, const data::Tokenizer& tok, const EvalConfig& cfg,
+                      uint64_t seed, int K) {
+  const auto& filler = eval_filler(cfg.wordnet_filler);
+  return run_grid(
+      m, tok, cfg, seed, cat("mk_niah_k", K), {},
+      [&](uint64_t s, int64_t len, double) { return data::mk_niah(s, K, len, tok, filler); },
+      false);
+}
+
+EvalGrid eval_variable_tracking(const model::Decoder& m, const data::Tokenizer& tok,
+                                const EvalConfig& cfg, uint64_t seed, int hops) {
+  const auto& filler = eval_filler(cfg.wordnet_filler);
+  return run_grid(
+      m, tok, cfg, seed, cat("vt_h", hops), {},
+      [&](uint64_t s, int64_t len, double) {
+        return data::variable_tracking(s, hops, len, tok, filler);
+      },
+      true);
+}
+
+double effective_length(const std::vector<EvalGrid>& grids) {
+  if (grids.empty()) return 0;
+  double best = 0;
+  for (int64_t len : grids[0].lengths) {
+    double sum = 0;
+    bool everywhere = true;
+    for (const auto& g : grids) {
+      const auto it = std::find(g.lengths.begin(), g.lengths.end(), len);
+      if (it == g.lengths.end()) {
+        everywhere = false;
+        break;
+      }
+      sum += g.at(static_cast<size_t>(it - g.lengths.begin()));
+    }
+    if (everywhere && sum / static_cast<double>(grids.size()) >= 0.90)
+      best = std::max(best, static_cast<double>(len));
+  }
+  return best;
+}
+
+GateResult stage_gate(const std::vector<EvalGrid>& now, const std::vector<EvalGrid>& previous,
+                      double short_val_loss, double stage0_val_loss, bool unresolved_spike,
+                      int64_t stage_len) {
+  GateResult r;
+  auto fail = [&](std::string why) {
+    r.pass = false;
+    r.reasons.push_back(std::move(why));
+  };
+  // (1) Passkey at every grid length up to the stage length; 2L is reported only.
+  const auto pk =
+      std::find_if(now.begin(), now.end(), [](const EvalGrid& g) { return g.task == "passkey"; });
+  if (pk == now.end()) {
+    fail("no passkey grid was evaluated");
+  } else {
+    for (size_t i = 0; i < pk->lengths.size(); ++i) {
+      const int64_t len = pk->lengths[i];
+      const double a = pk->at(i);
+      if (len <= stage_len && a < 0.95)
+        fail(cat("passkey accuracy ", a, " < 0.95 at length ", len));
+      else if (len > stage_len)
+        r.notes.push_back(cat("passkey accuracy ", a, " at length ", len, " (extrapolation)"));
+    }
+  }
+  // (2) MK-NIAH and VT hold their previous accuracy at the previous stage's gated lengths.
+  for (const auto& p : previous) {
+    if (p.task.rfind("mk_niah", 0) != 0 && p.task.rfind("vt", 0) != 0) continue;
+    if (p.lengths.empty()) continue;
+    const auto cur =
+        std::find_if(now.begin(), now.end(), [&](const EvalGrid& g) { return g.task == p.task; });
+    if (cur == now.end()) {
+      fail(cat(p.task, " was evaluated in the previous stage but not now"));
+      continue;
+    }
+    const int64_t prev_len = *std::max_element(p.lengths.begin(), p.lengths.end()) / 2;
+    for (size_t i = 0; i < p.lengths.size(); ++i) {
+      if (p.lengths[i] > prev_len) continue;
+      const auto it = std::find(cur->lengths.begin(), cur->lengths.end(), p.lengths[i]);
+      if (it == cur->lengths.end()) continue;  // the new grid starts higher
+      const double a = cur->at(static_cast<size_t>(it - cur->lengths.begin())), b = p.at(i);
+      if (a < b - 0.02 - 1e-12)
+        fail(cat(p.task, " accuracy ", a, " at length ", p.lengths[i],
+                 " is more than 2 points below the previous stage's ", b));
+    }
+  }
+  // (3) Short-context validation loss within 2% of its stage-0 final value.
+  if (!std::isfinite(short_val_loss) || !(short_val_loss <= 1.02 * stage0_val_loss))
+    fail(cat("short-context validation loss ", short_val_loss, " exceeds 1.02 × stage-0's ",
+             stage0_val_loss));
+  // (4) No unresolved loss spike in the last 10% of the stage.
+  if (unresolved_spike) fail("unresolved loss spike in the last 10% of the stage");
+  return r;
+}
+
+}  // namespace myriad::train
