@@ -222,12 +222,18 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
     g.get("batch_size", sp.batch_size);
     g.get("lr_scale", sp.lr_scale);
     g.get("data_mix", sp.data_mix);
+    g.get("segment_len", sp.segment_len);
+    g.get("detach_state", sp.detach_state);
     g.finish();
     g.check_positive("seq_len", static_cast<double>(sp.seq_len));
     g.check_positive("steps", static_cast<double>(sp.steps));
     g.check_positive("tokens_per_step", static_cast<double>(sp.tokens_per_step));
     g.check_positive("lr_scale", sp.lr_scale);
-    one_of(g.key("data_mix"), sp.data_mix, {"base"});
+    one_of(g.key("data_mix"), sp.data_mix, {"base", "long"});
+    MYRIAD_CHECK(sp.segment_len >= 0, g.key("segment_len"), ": ", sp.segment_len,
+                 " must be >= 0 (0: no segments)");
+    MYRIAD_CHECK(sp.segment_len == 0 || sp.seq_len % sp.segment_len == 0, g.key("segment_len"),
+                 ": ", sp.segment_len, " does not divide seq_len = ", sp.seq_len);
     if (sp.batch_size == 0)
       sp.batch_size =
           std::max<int64_t>(1, std::min<int64_t>(sp.tokens_per_step, 2048) / sp.seq_len);

@@ -20,7 +20,14 @@ struct StageSpec {
   int64_t seq_len = 0, steps = 0, tokens_per_step = 0;
   int64_t batch_size = 0;  // sequences per micro-batch; 0: min(tokens_per_step, 2048) / seq_len
   double lr_scale = 1.0;
-  std::string data_mix = "base";  // only "base" (the train shards) for now
+  // "base": the train shards; "long": a §5.2 long-context mix (mix_long_context) built at stage
+  // start into <out>/stage-<name>/ from the corpus plus synthetic retrieval items.
+  std::string data_mix = "base";
+  // > 0: each [B, T] sequence runs as T / segment_len segments in order, carrying the decode
+  // state (KDA state + conv, MLA latents); gradients flow through it unless detach_state
+  // (truncated BPTT). The loss equals the one-pass mean loss.
+  int64_t segment_len = 0;
+  bool detach_state = false;
   int64_t micro_batches() const { return tokens_per_step / (batch_size * seq_len); }
 };
 

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "data/corpus.h"
 #include "data/shards.h"
+#include "data/synthetic.h"
 #include "data/tokenizer.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
@@ -30,6 +31,52 @@ namespace myriad::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+void detach_cache(model::DecodeCache& c) {
+  auto d = [](Tensor& t) {
+    if (t.defined()) t = t.detach();
+  };
+  for (auto& k : c.kda) {
+    d(k.conv_BCK);
+    d(k.S_BHKV);
+  }
+  for (auto& m : c.mla) {
+    d(m.latent_BSC);
+    d(m.window_gate_BS);
+    d(m.admitted_BNC);
+    d(m.admitted_bias_BN);
+    d(m.latent_sum_BR);
+  }
+}
+}  // namespace
+
+Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
+                              const Tensor& labels_BT, int64_t segment_len, bool detach_state,
+                              const std::function<void()>& after_forward) {
+  const int64_t B = ids_BT.size(0), T = ids_BT.size(1), d = dec.config().hidden_size;
+  const int64_t L = segment_len > 0 && segment_len < T ? segment_len : T;
+  MYRIAD_CHECK(T % L == 0, "trainer: segment_len ", L, " does not divide the sequence length ", T);
+  const Tensor& head = dec.weights().get(
+      dec.weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
+  std::optional<model::DecodeCache> cache;
+  if (L < T) cache.emplace(dec.new_cache());
+  Tensor total;
+  for (int64_t s = 0; s < T; s += L) {
+    const Tensor x = L < T ? ops::contiguous(ops::slice(ids_BT, 1, s, s + L)) : ids_BT;
+    const Tensor y = L < T ? ops::contiguous(ops::slice(labels_BT, 1, s, s + L)) : labels_BT;
+    model::ForwardOutput f = dec.forward(x, cache ? &*cache : nullptr, {.logits = false});
+    if (after_forward) after_forward();
+    Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * L, d}), head,
+                                            ops::reshape(y, {B * L}));
+    if (f.admission_loss.defined()) loss = ops::add(loss, f.admission_loss);
+    // Every segment holds B * L scored tokens: weighting by L / T gives the one-pass mean.
+    if (L < T) loss = ops::mul(loss, static_cast<double>(L) / static_cast<double>(T));
+    total = total.defined() ? ops::add(total, loss) : loss;
+    if (detach_state && cache) detach_cache(*cache);
+  }
+  return total;
+}
+
 struct Trainer::Impl {
   Recipe r;
   fs::path out;
@@ -38,6 +85,7 @@ struct Trainer::Impl {
   std::optional<Optimizer> opt;
   std::map<int64_t, Balancer> bal;  // by decoder layer
   std::optional<data::TokenStream> stream;
+  std::string stream_dir;  // the shard directory `stream` reads
   std::optional<CheckpointManager> ckpt;
   std::optional<RunReport> report;
   std::optional<EventWriter> events;
@@ -88,13 +136,46 @@ struct Trainer::Impl {
                      "quantile_band, sign or none");
         bal.emplace(i, Balancer(cfg.myriad.balancer, cfg.num_experts, cfg.num_experts_per_token));
       }
-    stream.emplace(shard_dir, "train", r.seed);
-    MYRIAD_CHECK(stream->vocab_size() <= cfg.vocab_size, "data: shards in ", shard_dir,
-                 " have vocab ", stream->vocab_size(), " > the model's ", cfg.vocab_size);
+    use_stage_data(0);
     ckpt.emplace(path(r.checkpoint_dir), r.keep_last);
     if (r.log_jsonl || r.log_html) report.emplace(out.string());
     if (r.log_tensorboard) events.emplace((out / "tensorboard").string());
     tty = isatty(fileno(stdout)) != 0;
+  }
+
+  std::string stage_dir(size_t i) const {
+    const StageSpec& sp = r.stages[i];
+    return sp.data_mix == "long" ? (out / ("stage-" + sp.name)).string() : path(r.shard_dir);
+  }
+
+  // §5.2 mix for a "long" stage: about 1.25x the tokens the stage trains on, so an epoch is not
+  // repeated, tokenised into the stage's own shards (with their own held-out split).
+  void build_long_mix(size_t i, const std::string& dir) {
+    const StageSpec& sp = r.stages[i];
+    const int64_t prev = i > 0 ? r.stages[i - 1].seq_len : std::max<int64_t>(1, sp.seq_len / 4);
+    const int64_t total = std::max(sp.steps * sp.tokens_per_step, 8 * sp.seq_len) * 5 / 4;
+    const data::Filler filler =
+        r.corpus == "builtin" ? data::Filler::wordnet(false) : data::Filler::fixed();
+    const data::LongContextMix mix =
+        data::mix_long_context(r.seed + i, corpus(), sp.seq_len, prev, total, *tok, filler);
+    data::write_token_shards(mix.docs, *tok, dir, r.shard_tokens, r.heldout_fraction, r.seed + i);
+    if (!quiet)
+      std::printf(
+          "stage %s: long-context mix in %s (%lld long, %lld short, %lld synthetic tokens)\n",
+          sp.name.c_str(), dir.c_str(), static_cast<long long>(mix.long_tokens),
+          static_cast<long long>(mix.short_tokens), static_cast<long long>(mix.synthetic_tokens));
+  }
+
+  // Points `stream` at stage i's data (built on first use); a new directory starts a new stream.
+  void use_stage_data(size_t i) {
+    const std::string dir = stage_dir(i);
+    if (dir == stream_dir) return;
+    if (r.stages[i].data_mix == "long" && !fs::exists(fs::path(dir) / "meta.json"))
+      build_long_mix(i, dir);
+    stream.emplace(dir, "train", r.seed);
+    stream_dir = dir;
+    MYRIAD_CHECK(stream->vocab_size() <= dec->config().vocab_size, "data: shards in ", dir,
+                 " have vocab ", stream->vocab_size(), " > the model's ", dec->config().vocab_size);
   }
 
   // Index of the stage that step `s` (0-based, the next step to run) belongs to.
@@ -121,6 +202,7 @@ struct Trainer::Impl {
     s.data_cursor = stream->state().to_json();
     s.recipe = r.text;
     s.extra["config"] = dec->config().to_json();
+    s.extra["data_dir"] = fs::path(stream_dir).lexically_relative(out).string();
     return s;
   }
 
@@ -139,28 +221,27 @@ struct Trainer::Impl {
       dst.copy_(t);
     }
     opt->load_state_dict(s.optimizer);
-    if (data) stream->restore(data::TokenStream::State::from_json(s.data_cursor));
+    if (data && s.step < r.total_steps()) {
+      // A checkpoint at a stage boundary holds the finished stage's cursor: the next stage's
+      // data then starts fresh, as it does in an uninterrupted run.
+      use_stage_data(stage_of(s.step));
+      const bool same = !s.extra.is_object() || !s.extra.contains("data_dir") ||
+                        s.extra["data_dir"].get<std::string>() ==
+                            fs::path(stream_dir).lexically_relative(out).string();
+      if (same) stream->restore(data::TokenStream::State::from_json(s.data_cursor));
+    }
     step = s.step;
     last_saved = s.step;
   }
 
-  Tensor micro_loss(const data::Batch& b) const {
-    const int64_t N = b.input_ids.numel(), d = dec->config().hidden_size;
-    model::ForwardOutput f = dec->forward(b.input_ids, nullptr, {.logits = false});
-    const std::string head =
-        dec->weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight";
-    Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {N, d}),
-                                            dec->weights().get(head), ops::reshape(b.labels, {N}));
-    if (f.admission_loss.defined()) loss = ops::add(loss, f.admission_loss);
-    return loss;
-  }
-
   double heldout_loss(const StageSpec& sp) const {
     NoGradGuard ng;
-    data::TokenStream hs(path(r.shard_dir), "heldout", r.seed);
+    data::TokenStream hs(stream_dir, "heldout", r.seed);
     double sum = 0;
-    for (int64_t i = 0; i < r.heldout_batches; ++i)
-      sum += micro_loss(hs.next(sp.batch_size, sp.seq_len)).item();
+    for (int64_t i = 0; i < r.heldout_batches; ++i) {
+      const data::Batch b = hs.next(sp.batch_size, sp.seq_len);
+      sum += sequence_loss(*dec, b.input_ids, b.labels, sp.segment_len).item();
+    }
     return sum / static_cast<double>(r.heldout_batches);
   }
 
@@ -198,12 +279,15 @@ struct Trainer::Impl {
     std::map<int64_t, model::RouteStats> sample;
     for (int64_t mb = 0; mb < n_micro; ++mb) {
       const data::Batch b = stream->next(sp.batch_size, sp.seq_len);
-      Tensor loss = micro_loss(b);
-      for (auto& [l, bl] : bal) {
-        const model::RouteStats& rs = dec->last_route(l);
-        bl.observe(rs.scores_Nn, rs.selected_Nk, dec->selection_bias(l));
-        if (mb == n_micro - 1) sample[l] = rs;
-      }
+      // The balancers see every segment's routing.
+      Tensor loss =
+          sequence_loss(*dec, b.input_ids, b.labels, sp.segment_len, sp.detach_state, [&] {
+            for (auto& [l, bl] : bal) {
+              const model::RouteStats& rs = dec->last_route(l);
+              bl.observe(rs.scores_Nn, rs.selected_Nk, dec->selection_bias(l));
+              if (mb == n_micro - 1) sample[l] = rs;
+            }
+          });
       Tensor scaled = ops::mul(loss, 1.0 / static_cast<double>(n_micro));
       if (poison && mb == 0) scaled = ops::mul(scaled, std::numeric_limits<double>::quiet_NaN());
       scaled.backward();
@@ -320,8 +404,16 @@ void Trainer::run(bool resume) {
       return;
     }
     const size_t si = m.stage_of(m.step);
+    m.use_stage_data(si);
     m.train_step(m.r.stages[si]);
-    if (m.step == m.stage_end(si)) m.end_stage(si);
+    if (m.step == m.stage_end(si)) {
+      m.end_stage(si);
+      if (on_stage_end) {
+        const StageSpec& sp = m.r.stages[si];
+        on_stage_end(StageEnd{si, sp.name, sp.seq_len, m.step, *m.dec, *m.tok,
+                              m.report ? &*m.report : nullptr, m.stages.back().heldout_loss});
+      }
+    }
     if (m.r.checkpoint_every > 0 && m.step % m.r.checkpoint_every == 0) m.save();
   }
   m.save();

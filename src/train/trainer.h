@@ -5,10 +5,12 @@
 // at the end, on SIGINT/SIGTERM) with exact resume, and the context stages in order.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "model/decoder.h"
 #include "train/monitor.h"
 #include "train/recipe.h"
@@ -26,6 +28,19 @@ struct StepRecord {
 struct StageResult {
   std::string name;
   int64_t end_step = 0;
+  double heldout_loss = 0;
+};
+
+class RunReport;
+
+// What a stage-end hook sees (e.g. the §6 evaluation grid for the stage's length).
+struct StageEnd {
+  size_t index = 0;
+  std::string name;
+  int64_t seq_len = 0, step = 0;
+  const model::Decoder& decoder;
+  const data::Tokenizer& tokenizer;
+  RunReport* report = nullptr;  // null when [log] jsonl and html are off
   double heldout_loss = 0;
 };
 
@@ -52,6 +67,16 @@ class Trainer {
   bool finished() const;
   const model::Decoder& decoder() const;
   const Monitor& monitor() const;
+
+  // Called after each stage's held-out evaluation (and before its checkpoint), if set.
+  std::function<void(const StageEnd&)> on_stage_end;
+
+  // Mean next-token loss of one micro-batch (ids, labels [B, T]) as the trainer computes it:
+  // one pass, or segment_len segments carrying the decode state (detach_state: truncated BPTT).
+  static Tensor sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
+                              const Tensor& labels_BT, int64_t segment_len = 0,
+                              bool detach_state = false,
+                              const std::function<void()>& after_forward = {});
 
  private:
   struct Impl;

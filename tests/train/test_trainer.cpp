@@ -1,18 +1,23 @@
 // The training loop end to end on a micro model (tiny preset, 2 layers): loss decreases,
 // deterministic runs repeat bit for bit, resume continues exactly (after a clean stop and after a
-// SIGKILL), a poisoned step is skipped and reported, and recipes name their bad keys.
+// SIGKILL), a poisoned step is skipped and reported, recipes name their bad keys, and the context
+// curriculum: segmented sequences equal one pass, long-context stage mixes, stage-end hooks.
 #include <gtest/gtest.h>
 #include <omp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -273,6 +278,168 @@ TEST(Trainer, StagesRunInOrder) {
   }
   EXPECT_EQ(logged, (std::vector<int64_t>{2, 4}));
   EXPECT_EQ(evals, (std::vector<int64_t>{3, 5}));
+}
+
+// A [B, T] sequence run as segments carrying the decode state (KDA state + conv, MLA latents)
+// gives the one-pass loss and, with the state kept in the graph, the one-pass gradients.
+TEST(Trainer, SegmentedLossAndGradsEqualOnePass) {
+  OneThread one_thread;
+  const Recipe r = Recipe::parse(micro_recipe(1));
+  const model::ModelConfig cfg = r.model(320);
+  const int64_t B = 2, T = 64;
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < B * (T + 1); ++i) ids.push_back((i * 37 + 11) % 320);
+  std::vector<int64_t> in, lab;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      in.push_back(ids[b * (T + 1) + t]);
+      lab.push_back(ids[b * (T + 1) + t + 1]);
+    }
+  const Tensor x = Tensor::from_ints(in, {B, T}), y = Tensor::from_ints(lab, {B, T});
+  auto run = [&](int64_t seg, bool detach) {
+    model::Decoder d = model::Decoder::random(cfg, 5);
+    d.weights().requires_grad_(true);
+    Tensor loss = Trainer::sequence_loss(d, x, y, seg, detach);
+    loss.backward();
+    std::map<std::string, std::vector<double>> g;
+    for (const auto& [name, t] : d.weights().tensors())
+      if (t.grad().defined()) g[name] = t.grad().to_doubles();
+    return std::make_pair(loss.item(), g);
+  };
+  const auto [l1, g1] = run(0, false);
+  ASSERT_FALSE(g1.empty());
+  for (int64_t seg : {32, 16}) {
+    const auto [l2, g2] = run(seg, false);
+    EXPECT_NEAR(l2, l1, 1e-5) << "segments of " << seg;
+    ASSERT_EQ(g2.size(), g1.size());
+    for (const auto& [name, a] : g1) {
+      const auto& b = g2.at(name);
+      double scale = 1e-3;
+      for (double v : a) scale = std::max(scale, std::abs(v));
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_NEAR(b[i], a[i], 1e-5 * scale + 1e-6)
+            << name << "[" << i << "], segments of " << seg;
+    }
+  }
+  // Truncated BPTT: the same forward, but gradients stop at segment boundaries.
+  const auto [l3, g3] = run(32, true);
+  EXPECT_NEAR(l3, l1, 1e-5);
+  double diff = 0;
+  for (const auto& [name, a] : g1)
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(g3.at(name)[i] - a[i]));
+  EXPECT_GT(diff, 1e-6);
+}
+
+TEST(Trainer, SegmentedStageLearns) {
+  OneThread one_thread;
+  std::string text = micro_recipe(20, "segment_len = 32\n");
+  text.replace(text.find("seq_len = 32"), 12, "seq_len = 128");
+  text.replace(text.find("batch_size = 4"), 14, "batch_size = 2");
+  const Recipe r = Recipe::parse(text);
+  ASSERT_EQ(r.stages[0].segment_len, 32);
+  Trainer t(r, temp_dir().string());
+  t.set_quiet(true);
+  t.run();
+  ASSERT_EQ(t.history().size(), 20u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 4; ++i) first += t.history()[i].loss / 4;
+  for (int i = 16; i < 20; ++i) last += t.history()[i].loss / 4;
+  EXPECT_LT(last, first - 0.3) << "first " << first << " last " << last;
+  EXPECT_TRUE(std::isfinite(t.stage_results().at(0).heldout_loss));
+}
+
+// A "long" stage builds its own shards from the §5.2 mix (documents plus retrieval items) and
+// reads them; the stage-end hook sees every stage.
+TEST(Trainer, LongDataMixBuildsStageShardsAndHooksRun) {
+  OneThread one_thread;
+  const Recipe r = Recipe::parse(micro_recipe(2,
+                                              "[[stage]]\nname = \"long\"\nseq_len = 256\n"
+                                              "steps = 2\ntokens_per_step = 512\nbatch_size = 1\n"
+                                              "segment_len = 64\ndata_mix = \"long\"\n"));
+  const fs::path out = temp_dir();
+  Trainer t(r, out.string());
+  t.set_quiet(true);
+  std::vector<std::pair<std::string, int64_t>> ends;
+  t.on_stage_end = [&](const StageEnd& e) {
+    ends.emplace_back(e.name, e.seq_len);
+    EXPECT_EQ(e.index + 1, ends.size());
+    EXPECT_TRUE(std::isfinite(e.heldout_loss));
+    EXPECT_EQ(e.step, e.index == 0 ? 2 : 4);
+    EXPECT_EQ(&e.decoder, &t.decoder());
+    EXPECT_GT(e.tokenizer.vocab_size(), 0);
+  };
+  t.run();
+  ASSERT_TRUE(t.finished());
+  EXPECT_EQ(ends, (std::vector<std::pair<std::string, int64_t>>{{"s0", 32}, {"long", 256}}));
+  ASSERT_TRUE(fs::exists(out / "stage-long" / "meta.json"));
+  const data::Tokenizer tok = data::Tokenizer::load((data_dir() / "tok.model").string());
+  std::string text;
+  for (const char* split : {"train", "heldout"}) {
+    data::TokenStream s((out / "stage-long").string(), split, 1);
+    const Tensor ids = s.next(1, s.num_tokens() - 1).input_ids;
+    std::vector<int32_t> v;
+    for (double d : ids.to_doubles()) v.push_back(static_cast<int32_t>(d));
+    text += tok.decode(v);
+  }
+  const bool retrieval = text.find("pass key") != std::string::npos ||
+                         text.find("magic number") != std::string::npos ||
+                         text.find("VAR ") != std::string::npos ||
+                         text.find("maps to") != std::string::npos;
+  EXPECT_TRUE(retrieval) << text.substr(0, 400);
+}
+
+// Resuming at a stage boundary starts the next stage's data fresh (as the uninterrupted run does);
+// resuming inside a long stage continues its own stream: both reproduce the full run.
+TEST(Trainer, ResumeAroundLongStageMatchesFullRun) {
+  OneThread one_thread;
+  const Recipe r = Recipe::parse(micro_recipe(2,
+                                              "[[stage]]\nname = \"long\"\nseq_len = 256\n"
+                                              "steps = 3\ntokens_per_step = 256\nbatch_size = 1\n"
+                                              "segment_len = 128\ndata_mix = \"long\"\n"
+                                              "[checkpoint]\nevery = 1\nkeep_last = 5\n"));
+  const auto full = run_losses(r, temp_dir("full"));
+  ASSERT_EQ(full.size(), 5u);
+  for (int64_t stop : {2, 3}) {
+    const fs::path out = temp_dir(cat("stop", stop));
+    run_losses(r, out, stop);
+    const auto tail = run_losses(r, out, -1, true);
+    ASSERT_EQ(tail.size(), static_cast<size_t>(5 - stop));
+    for (size_t i = 0; i < tail.size(); ++i)
+      EXPECT_EQ(tail[i], full[stop + i]) << "resumed at " << stop << ", step " << stop + i + 1;
+  }
+}
+
+TEST(Recipe, CurriculumKeysAreValidated) {
+  auto err = [](const std::string& text) {
+    try {
+      Recipe::parse(text);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string model = "[model]\npreset = \"tiny\"\n";
+  const std::string stage = "[[stage]]\nseq_len = 64\nsteps = 2\ntokens_per_step = 128\n";
+  EXPECT_NE(err(model + stage + "segment_len = 48\n").find("stage[0].segment_len"),
+            std::string::npos);
+  EXPECT_NE(err(model + stage + "segment_len = -16\n").find("stage[0].segment_len"),
+            std::string::npos);
+  EXPECT_NE(err(model + stage + "detach_state = 1\n").find("stage[0].detach_state"),
+            std::string::npos);
+  EXPECT_NE(err(model + stage + "data_mix = \"longer\"\n").find("stage[0].data_mix"),
+            std::string::npos);
+  const Recipe r =
+      Recipe::parse(model + stage + "segment_len = 16\ndetach_state = true\ndata_mix = \"long\"\n");
+  EXPECT_EQ(r.stages[0].segment_len, 16);
+  EXPECT_TRUE(r.stages[0].detach_state);
+  EXPECT_EQ(r.stages[0].data_mix, "long");
+  for (const char* f : {"tiny-curriculum.toml", "tiny-curriculum-nobalancer.toml"}) {
+    const Recipe c =
+        Recipe::load(std::string(MYRIAD_SOURCE_DIR) + "/configs/recipes/" + std::string(f));
+    ASSERT_EQ(c.stages.size(), 4u) << f;
+    EXPECT_EQ(c.stages[3].seq_len, 16384);
+    EXPECT_EQ(c.stages[3].segment_len, 4096);
+  }
 }
 
 TEST(Recipe, ErrorsNameTheKey) {
