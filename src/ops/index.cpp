@@ -28,17 +28,6 @@ KernelTable<EmbeddingBackwardKernel>& embedding_backward_kernels() {
 
 namespace {
 
-struct Dims {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-Dims around(const Shape& s, int64_t dim) {
-  Dims d;
-  d.n = s[dim];
-  for (int64_t i = 0; i < dim; ++i) d.outer *= s[i];
-  for (size_t i = dim + 1; i < s.size(); ++i) d.inner *= s[i];
-  return d;
-}
-
 int64_t index_at(const Tensor& idx, int64_t i) {
   return idx.dtype() == DType::I64 ? idx.data<int64_t>()[i] : idx.data<int32_t>()[i];
 }
@@ -238,7 +227,7 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 namespace {
 
 void gather_ref(const Tensor& x, int64_t dim, const Tensor& idx, Tensor& out) {
-  const Dims dx = around(x.shape(), dim), dout = around(out.shape(), dim);
+  const IndexDims dx = dims_around(x.shape(), dim), dout = dims_around(out.shape(), dim);
   const bool per_slice = idx.numel() != out.numel();
   const size_t es = dtype_size(x.dtype());
   const char* px = static_cast<const char*>(x.data_ptr());
@@ -253,7 +242,7 @@ void gather_ref(const Tensor& x, int64_t dim, const Tensor& idx, Tensor& out) {
 }
 
 void scatter_add_ref(Tensor& out, int64_t dim, const Tensor& idx, const Tensor& src) {
-  const Dims dout = around(out.shape(), dim), ds = around(src.shape(), dim);
+  const IndexDims dout = dims_around(out.shape(), dim), ds = dims_around(src.shape(), dim);
   const bool per_slice = idx.numel() != src.numel();
   std::vector<double> acc(out.numel());
   for (int64_t e = 0; e < out.numel(); ++e) acc[e] = load_as_double(out.data_ptr(), out.dtype(), e);

@@ -23,6 +23,18 @@ Tensor index_add(const Tensor& base, int64_t dim, const Tensor& idx, const Tenso
 // weight [V, D], ids of any shape -> [..., D]; backward scatter-adds into a [V, D] gradient.
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 
+// A shape read as [outer, n, inner] around dimension `dim`: the layout the kernels index.
+struct IndexDims {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+inline IndexDims dims_around(const Shape& s, int64_t dim) {
+  IndexDims d;
+  d.n = s[dim];
+  for (int64_t i = 0; i < dim; ++i) d.outer *= s[i];
+  for (size_t i = dim + 1; i < s.size(); ++i) d.inner *= s[i];
+  return d;
+}
+
 // ---- kernels (contiguous operands; the op layer checks shapes and index bounds) ----
 // x / out, and the scatter's out / src, are read as [outer, n, inner] around `dim`, where
 // outer and inner agree between the two. idx comes in one of two forms, told apart by its size:

@@ -11,17 +11,8 @@
 
 namespace myriad::cpu {
 namespace {
-
-struct Dims {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-Dims around(const Shape& s, int64_t dim) {
-  Dims d;
-  d.n = s[dim];
-  for (int64_t i = 0; i < dim; ++i) d.outer *= s[i];
-  for (size_t i = dim + 1; i < s.size(); ++i) d.inner *= s[i];
-  return d;
-}
+using ops::dims_around;
+using ops::IndexDims;
 
 void check_float(const char* op, DType t) {
   MYRIAD_CHECK(t == DType::F32 || t == DType::BF16, op,
@@ -55,7 +46,7 @@ void with_bits(DType t, F&& f) {
 // ---- gather / index_select ----
 
 void gather_cpu(const Tensor& x, int64_t dim, const Tensor& idx, Tensor& out) {
-  const Dims dx = around(x.shape(), dim), dout = around(out.shape(), dim);
+  const IndexDims dx = dims_around(x.shape(), dim), dout = dims_around(out.shape(), dim);
   const bool per_slice = idx.numel() != out.numel();
   const int64_t rows = dout.outer * dout.n, inner = dout.inner;
   with_bits(x.dtype(), [&](auto tag) {
@@ -99,7 +90,8 @@ inline float load(uint16_t v) {
 // one block of inner columns: it alone writes those columns of that row, visiting src in order,
 // so duplicate indices accumulate deterministically without atomics.
 template <class S, class I>
-void scatter_into(float* acc, const S* src, const I* idx, Dims dout, Dims ds, bool per_slice) {
+void scatter_into(float* acc, const S* src, const I* idx, IndexDims dout, IndexDims ds,
+                  bool per_slice) {
   const int64_t inner = ds.inner, block = std::min<int64_t>(inner, 512);
   const int64_t nblocks = block ? (inner + block - 1) / block : 0;
   parallel_for(ds.outer * nblocks, std::max<int64_t>(1, 16384 / std::max<int64_t>(ds.n * block, 1)),
@@ -123,7 +115,7 @@ void scatter_into(float* acc, const S* src, const I* idx, Dims dout, Dims ds, bo
 
 void scatter_add_cpu(Tensor& out, int64_t dim, const Tensor& idx, const Tensor& src) {
   check_float("scatter_add", out.dtype());
-  const Dims dout = around(out.shape(), dim), ds = around(src.shape(), dim);
+  const IndexDims dout = dims_around(out.shape(), dim), ds = dims_around(src.shape(), dim);
   const bool per_slice = idx.numel() != src.numel();
   const int64_t n = out.numel();
   // bf16 results accumulate in an f32 copy and are rounded once at the end.
