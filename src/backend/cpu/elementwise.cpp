@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/rows.h"
 #include "core/strided.h"
 #include "ops/elementwise.h"
 
@@ -25,12 +26,6 @@ inline void load_row(const void* p, DType t, int64_t stride, int64_t n, float* d
     const uint16_t* s = static_cast<const uint16_t*>(p);
     for (int64_t i = 0; i < n; ++i) dst[i] = bf16_load(s[i * stride]);
   }
-}
-MYRIAD_CPU_CLONES void store_bf16(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_store(src[i]);
-}
-MYRIAD_CPU_CLONES void load_bf16(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_load(src[i]);
 }
 
 template <BinaryOp OP>
@@ -145,7 +140,7 @@ void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
         load_row(pa + (a_off + s * sa_) * es, DType::BF16, sa_, m, bufa);
         load_row(pb + (b_off + s * sb_) * es, DType::BF16, sb_, m, bufb);
         row(bufa, 1, bufb, 1, bufo, m);
-        store_bf16(bufo, reinterpret_cast<uint16_t*>(po) + o_off + s, m);
+        f32_row_to_bf16(bufo, reinterpret_cast<uint16_t*>(po) + o_off + s, m);
       }
     };
     if (flat)
@@ -176,7 +171,7 @@ void scalar_cpu(BinaryOp op, const Tensor& a, double s, bool reversed, Tensor& o
         in = a.data<float>() + s0;
         o = out.data<float>() + s0;
       } else {
-        load_bf16(a.data<uint16_t>() + s0, bufa, m);
+        bf16_row_to_f32(a.data<uint16_t>() + s0, bufa, m);
         in = bufa;
         o = bufo;
       }
@@ -184,7 +179,7 @@ void scalar_cpu(BinaryOp op, const Tensor& a, double s, bool reversed, Tensor& o
         row(&sv, 0, in, 1, o, m);
       else
         row(in, 1, &sv, 0, o, m);
-      if (!f32) store_bf16(bufo, out.data<uint16_t>() + s0, m);
+      if (!f32) f32_row_to_bf16(bufo, out.data<uint16_t>() + s0, m);
     }
   });
 }
@@ -251,13 +246,13 @@ void map_spans(std::array<const Tensor*, NIN> in, Tensor& out, F&& f) {
         if (f32) {
           ptrs[k] = in[k]->template data<float>() + s;
         } else {
-          load_bf16(in[k]->template data<uint16_t>() + s, buf[k], m);
+          bf16_row_to_f32(in[k]->template data<uint16_t>() + s, buf[k], m);
           ptrs[k] = buf[k];
         }
       }
       o = f32 ? out.data<float>() + s : buf[NIN];
       f(ptrs, o, m);
-      if (!f32) store_bf16(buf[NIN], out.data<uint16_t>() + s, m);
+      if (!f32) f32_row_to_bf16(buf[NIN], out.data<uint16_t>() + s, m);
     }
   });
 }

@@ -4,22 +4,16 @@
 #include <vector>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/rows.h"
 #include "ops/reduce.h"
 
 namespace myriad::cpu {
 namespace {
 using ops::ReduceOp;
 
-// Sum of n contiguous floats with 16 independent partial sums (vectorises; good rounding).
+// row_sum (16 independent partial sums) compiled for each vector target.
 MYRIAD_CPU_CLONES float sum_contig(const float* x, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += x[i + j];
-  float s = 0;
-  for (; i < n; ++i) s += x[i];
-  for (int j = 0; j < 16; ++j) s += acc[j];
-  return s;
+  return row_sum(x, n);
 }
 MYRIAD_CPU_CLONES void add_row(float* acc, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] += x[i];
