@@ -24,6 +24,36 @@ inline double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
+// The tiny preset cut to three layers (KDA + dense, KDA + MoE, MLA + MoE; 0-based layer 2 is the
+// MLA layer) with widths of a few units, for gradient checks; AttnRes blocks of `attn_res_block`
+// layers (0: pre-norm). Callers add their switches and validate().
+inline ModelConfig three_layer_config(int64_t attn_res_block) {
+  ModelConfig c = tiny();
+  c.vocab_size = 32;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.moe_intermediate_size = 8;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.q_lora_rank = 8;
+  c.kv_lora_rank = 8;
+  c.qk_nope_head_dim = 4;
+  c.qk_rope_head_dim = 2;
+  c.v_head_dim = 4;
+  c.num_experts = 4;
+  c.num_experts_per_token = 2;
+  c.num_shared_experts = 1;
+  c.routed_expert_hidden_size = 12;
+  c.latent_moe_use_norm = true;
+  c.attn_res_block_size = attn_res_block;
+  c.linear_attn_config.num_heads = 2;
+  c.linear_attn_config.head_dim = 4;
+  c.linear_attn_config.kda_layers = {1, 2};
+  c.linear_attn_config.full_attn_layers = {3};
+  return c;
+}
+
 // A random model whose zero-initialised tensors (AttnRes projections, A_log, the selection bias)
 // are made random too, so no path is trivially flat, with O(1) activations; ones and constants
 // keep their init.

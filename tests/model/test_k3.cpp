@@ -26,29 +26,7 @@ namespace fs = std::filesystem;
 // Three layers (KDA + dense, KDA + LatentMoE, MLA + LatentMoE), every K3 switch on, AttnRes
 // blocks of 2 layers so both the intra-block sum and a completed block are exercised.
 ModelConfig k3_small() {
-  ModelConfig c = tiny();
-  c.vocab_size = 32;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.moe_intermediate_size = 8;
-  c.num_hidden_layers = 3;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 2;
-  c.q_lora_rank = 8;
-  c.kv_lora_rank = 8;
-  c.qk_nope_head_dim = 4;
-  c.qk_rope_head_dim = 2;
-  c.v_head_dim = 4;
-  c.num_experts = 4;
-  c.num_experts_per_token = 2;
-  c.num_shared_experts = 1;
-  c.routed_expert_hidden_size = 12;
-  c.latent_moe_use_norm = true;
-  c.attn_res_block_size = 2;
-  c.linear_attn_config.num_heads = 2;
-  c.linear_attn_config.head_dim = 4;
-  c.linear_attn_config.kda_layers = {1, 2};
-  c.linear_attn_config.full_attn_layers = {3};
+  ModelConfig c = three_layer_config(2);
   c.linear_attn_config.gate_lower_bound = -5.0;
   c.linear_attn_config.use_full_rank_gate = true;
   c.hidden_act = "situ";
