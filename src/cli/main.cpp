@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/data.h"
 #include "cli/plan.h"
+#include "cli/serve.h"
 #include "cli/train.h"
 #include "core/error.h"
 
@@ -29,17 +30,20 @@ int main(int argc, char** argv) {
   myriad::cli::PlanArgs plan_args;
   auto* plan = myriad::cli::add_plan_command(app, plan_args);
   myriad::cli::TrainArgs train_args;
-  auto* train = myriad::cli::add_train_command(app, train_args);
+  myriad::cli::add_train_command(app, train_args);
   myriad::cli::DataArgs data_args;
   myriad::cli::add_data_commands(app, data_args);
+  myriad::cli::InferArgs infer_args;
+  myriad::cli::add_infer_commands(app, infer_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*selfcheck) return myriad::cli::selfcheck(sc);
     if (*logits) return myriad::cli::logits(model_dir, tokens, out);
     if (*inspect) return myriad::cli::inspect(model_dir);
     if (*plan) return myriad::cli::plan_command(plan_args);
-    if (*train) return myriad::cli::train_command(train_args);
+    if (train_args.selected()) return myriad::cli::train_command(train_args);
     if (data_args.selected()) return myriad::cli::data_command(data_args);
+    if (infer_args.selected()) return myriad::cli::infer_command(infer_args);
   } catch (const myriad::Error& e) {
     std::fprintf(stderr, "myriad: error: %s\n", e.what());
     return 1;

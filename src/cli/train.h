@@ -1,5 +1,8 @@
 // `myriad train RECIPE.toml [--resume] [--out DIR]`: runs a training recipe (train/recipe.h)
-// with the trainer of train/trainer.h.
+// with the trainer of train/trainer.h, the recipe's stage-end evaluations ([eval]), and exports
+// the final model to DIR/model (config.json, model.safetensors, tokenizer.model: what
+// `myriad serve` and `myriad chat` load). `myriad report RUN_DIR [--contrast DIR]` rebuilds a
+// run's report.html from its metrics.jsonl, optionally with a second run drawn for contrast.
 #pragma once
 #include <string>
 
@@ -13,9 +16,14 @@ struct TrainArgs {
   std::string recipe;
   std::string out;  // default: runs/<recipe file stem>
   bool resume = false;
+  // report
+  std::string report_dir, contrast, contrast_label = "contrast";
+  CLI::App* train = nullptr;
+  CLI::App* report = nullptr;
+  bool selected() const;
 };
 
-// Registers the `train` subcommand on `app`, parsing into `args`.
+// Registers the `train` and `report` subcommands on `app`, parsing into `args`.
 CLI::App* add_train_command(CLI::App& app, TrainArgs& args);
 int train_command(const TrainArgs& args);
 

@@ -55,6 +55,34 @@ void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, Ba
   out.impl().requires_grad = true;
 }
 
+Tensor recompute(const char* name, const std::function<Tensor(const Tensor&)>& fn,
+                 const Tensor& x) {
+  if (!grad_enabled() || !x.requires_grad()) return fn(x);
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = fn(x);
+  }
+  y = y.detach();  // a fresh handle: the node attaches to it, not to a tensor fn may hold
+  record(name, y, {x}, [fn, xs = x.detach()](const Tensor& gy) {
+    Tensor xi = xs.detach();
+    xi.requires_grad_(true);
+    struct GradOn {  // the backward pass runs with recording off
+      bool prev = grad_enabled();
+      GradOn() { set_grad_enabled(true); }
+      ~GradOn() { set_grad_enabled(prev); }
+    };
+    Tensor yi;
+    {
+      GradOn on;
+      yi = fn(xi);
+    }
+    if (yi.requires_grad()) run_backward(yi, gy, false);
+    return std::vector<Tensor>{xi.grad()};
+  });
+  return y;
+}
+
 static void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
   MYRIAD_CHECK(g.shape() == leaf.shape, "backward: gradient of shape ", shape_str(g.shape()),
                " for a leaf of shape ", shape_str(leaf.shape));

@@ -53,6 +53,13 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // per input, in order. Does nothing when no input needs a gradient.
 void record(const char* name, Tensor& out, const std::vector<Tensor>& inputs, BackwardFn fn);
 
+// Activation recomputation: y = fn(x), run without recording, so none of fn's intermediate
+// tensors stay alive; the backward pass runs fn(x) again with recording on and backpropagates
+// through it (into x and into every parameter fn uses). fn must be deterministic and free of
+// side effects that matter twice (a decode cache must not be extended in it). When x does not
+// need a gradient, fn runs normally (its parameters still get theirs).
+Tensor recompute(const char* name, const std::function<Tensor(const Tensor&)>& fn, const Tensor& x);
+
 // Runs the backward pass from `root` seeded with `seed`.
 void run_backward(const Tensor& root, const Tensor& seed, bool retain_graph);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -265,6 +266,46 @@ GateResult stage_gate(const std::vector<EvalGrid>& now, const std::vector<EvalGr
   // (4) No unresolved loss spike in the last 10% of the stage.
   if (unresolved_spike) fail("unresolved loss spike in the last 10% of the stage");
   return r;
+}
+
+EvalConfig StageEvaluator::config_for(int64_t stage_len) const {
+  EvalConfig c;
+  for (double f : r_.length_factors) {
+    const auto len = std::max<int64_t>(16, std::llround(f * static_cast<double>(stage_len)));
+    if (len <= r_.max_length &&
+        std::find(c.lengths.begin(), c.lengths.end(), len) == c.lengths.end())
+      c.lengths.push_back(len);
+  }
+  std::sort(c.lengths.begin(), c.lengths.end());
+  c.depths = r_.depths;
+  c.seeds = static_cast<int>(r_.seeds);
+  c.segment = r_.segment;
+  return c;
+}
+
+StageOutcome StageEvaluator::evaluate(const model::Decoder& m, const data::Tokenizer& tok,
+                                      const std::string& stage, int64_t seq_len, int64_t step,
+                                      double heldout_loss, bool unresolved_spike) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StageOutcome o{stage, seq_len, step, heldout_loss, {}, 0, {}, 0};
+  const EvalConfig cfg = config_for(seq_len);
+  // A seed per stage, so stages see fresh items; disjoint from training's by construction (§6).
+  const uint64_t seed = seed_ + 7919 * done_.size();
+  for (const std::string& t : r_.tasks) {
+    if (cfg.lengths.empty()) break;
+    if (t == "passkey") o.grids.push_back(eval_passkey(m, tok, cfg, seed));
+    if (t == "mk_niah")
+      o.grids.push_back(eval_mk_niah(m, tok, cfg, seed, static_cast<int>(r_.mk_niah_keys)));
+    if (t == "vt")
+      o.grids.push_back(eval_variable_tracking(m, tok, cfg, seed, static_cast<int>(r_.vt_hops)));
+  }
+  o.effective_length = effective_length(o.grids);
+  const double stage0 = done_.empty() ? heldout_loss : done_.front().heldout_loss;
+  o.gate = stage_gate(o.grids, done_.empty() ? std::vector<EvalGrid>{} : done_.back().grids,
+                      heldout_loss, stage0, unresolved_spike, seq_len);
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  done_.push_back(o);
+  return o;
 }
 
 }  // namespace myriad::train

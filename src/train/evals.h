@@ -20,6 +20,7 @@
 #include "data/synthetic.h"
 #include "data/tokenizer.h"
 #include "model/decoder.h"
+#include "train/recipe.h"
 
 namespace myriad::train {
 
@@ -94,5 +95,35 @@ struct GateResult {
 GateResult stage_gate(const std::vector<EvalGrid>& now, const std::vector<EvalGrid>& previous,
                       double short_val_loss, double stage0_val_loss, bool unresolved_spike,
                       int64_t stage_len);
+
+// ---- The curriculum's stage-end evaluation ([eval] of a recipe) ----
+struct StageOutcome {
+  std::string stage;
+  int64_t seq_len = 0, step = 0;
+  double heldout_loss = 0;
+  std::vector<EvalGrid> grids;  // in EvalRecipe::tasks order
+  double effective_length = 0;
+  GateResult gate;
+  double seconds = 0;  // evaluation time
+};
+
+// Runs the recipe's grids at each stage end and gates it against the previous stage. Stateful:
+// it keeps the previous stage's grids and stage 0's held-out loss.
+class StageEvaluator {
+ public:
+  StageEvaluator(EvalRecipe recipe, uint64_t seed) : r_(std::move(recipe)), seed_(seed) {}
+  // The grid config for a stage length (lengths stage_len × factors ≤ max_length, deduplicated,
+  // at least 16 tokens).
+  EvalConfig config_for(int64_t stage_len) const;
+  StageOutcome evaluate(const model::Decoder& m, const data::Tokenizer& tok,
+                        const std::string& stage, int64_t seq_len, int64_t step,
+                        double heldout_loss, bool unresolved_spike);
+  const std::vector<StageOutcome>& outcomes() const { return done_; }
+
+ private:
+  EvalRecipe r_;
+  uint64_t seed_;
+  std::vector<StageOutcome> done_;
+};
 
 }  // namespace myriad::train

@@ -22,9 +22,21 @@ class Section {
     return t_ ? t_->get(k) : nullptr;
   }
   template <class T>
-  void get(std::string_view k, T& out) {
+  void get(std::string_view k, std::vector<T>& out) {
     const toml::node* n = node(k);
     if (!n) return;
+    MYRIAD_CHECK(n->is_array(), key(k), ": expected an array");
+    out.clear();
+    for (const auto& e : *n->as_array()) out.push_back(value<T>(e, k));
+  }
+  template <class T>
+  void get(std::string_view k, T& out) {
+    if (const toml::node* n = node(k)) out = value<T>(*n, k);
+  }
+  template <class T>
+  T value(const toml::node& nr, std::string_view k) const {
+    const toml::node* n = &nr;
+    T out{};
     if constexpr (std::is_same_v<T, bool>) {
       MYRIAD_CHECK(n->is_boolean(), key(k), ": expected true or false");
       out = *n->value<bool>();
@@ -41,6 +53,7 @@ class Section {
       MYRIAD_CHECK(std::is_signed_v<T> || v >= 0, key(k), ": must not be negative");
       out = static_cast<T>(v);
     }
+    return out;
   }
   void check_positive(std::string_view k, double v) const {
     MYRIAD_CHECK(v > 0, key(k), ": must be positive, got ", v);
@@ -106,7 +119,8 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   Recipe r;
   r.text = std::string(text);
   Section top(&root, "");
-  for (const char* t : {"model", "data", "optimizer", "schedule", "checkpoint", "log", "debug"})
+  for (const char* t :
+       {"model", "data", "optimizer", "schedule", "checkpoint", "log", "eval", "debug"})
     top.node(t);
   top.node("stage");
   top.get("balancer", r.balancer_mode);
@@ -115,11 +129,8 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   top.get("deterministic", r.deterministic);
   top.finish();
   if (!r.balancer_mode.empty())
-    one_of("balancer", r.balancer_mode, {"quantile", "quantile_band", "sign", "none"});
+    one_of("balancer", r.balancer_mode, {"quantile", "quantile_band", "sign", "aux_loss", "none"});
   one_of("precision", r.precision, {"f32", "bf16"});
-  MYRIAD_CHECK(r.precision == "f32",
-               "precision: \"bf16\" training is not supported yet (the optimiser, autograd and "
-               "checkpoints run in f32); use precision = \"f32\"");
 
   Section m(subtable(root, "model"), "model.");
   m.get("preset", r.model_preset);
@@ -195,6 +206,33 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   l.get("html", r.log_html);
   l.finish();
   l.check_positive("every", static_cast<double>(r.log_every));
+
+  Section ev(subtable(root, "eval"), "eval.");
+  EvalRecipe& e = r.eval;
+  e.enabled = subtable(root, "eval") != nullptr;
+  ev.get("enabled", e.enabled);
+  ev.get("tasks", e.tasks);
+  ev.get("length_factors", e.length_factors);
+  ev.get("max_length", e.max_length);
+  ev.get("depths", e.depths);
+  ev.get("seeds", e.seeds);
+  ev.get("mk_niah_keys", e.mk_niah_keys);
+  ev.get("vt_hops", e.vt_hops);
+  ev.get("segment", e.segment);
+  ev.get("gate", e.gate);
+  ev.finish();
+  for (const std::string& t : e.tasks) one_of("eval.tasks", t, {"passkey", "mk_niah", "vt"});
+  MYRIAD_CHECK(!e.length_factors.empty(), "eval.length_factors: must not be empty");
+  for (double f : e.length_factors)
+    MYRIAD_CHECK(f > 0, "eval.length_factors: must be positive, got ", f);
+  for (double d : e.depths)
+    MYRIAD_CHECK(d >= 0 && d <= 1, "eval.depths: must be in [0, 1], got ", d);
+  ev.check_positive("max_length", static_cast<double>(e.max_length));
+  ev.check_positive("seeds", static_cast<double>(e.seeds));
+  ev.check_positive("mk_niah_keys", static_cast<double>(e.mk_niah_keys));
+  ev.check_positive("vt_hops", static_cast<double>(e.vt_hops));
+  ev.check_positive("segment", static_cast<double>(e.segment));
+  one_of("eval.gate", e.gate, {"report", "stop"});
 
   Section dbg(subtable(root, "debug"), "debug.");
   if (const toml::node* p = dbg.node("poison_steps")) {

@@ -31,6 +31,23 @@ struct StageSpec {
   int64_t micro_batches() const { return tokens_per_step / (batch_size * seq_len); }
 };
 
+// [eval]: the stage-end long-context evaluation (TRAINING.md §6) and its gate (§5.4). Grid
+// lengths are stage_len × length_factors, capped at max_length; passkey runs every depth, MK-NIAH
+// and VT place their needles at seeded random depths. Each (task, length, depth) cell has `seeds`
+// items.
+struct EvalRecipe {
+  bool enabled = false;
+  std::vector<std::string> tasks = {"passkey", "mk_niah", "vt"};
+  std::vector<double> length_factors = {0.25, 0.5, 1.0, 2.0};
+  int64_t max_length = 16384;
+  std::vector<double> depths = {0.0, 0.5, 1.0};
+  int64_t seeds = 2;
+  int64_t mk_niah_keys = 4;  // K of MK-NIAH
+  int64_t vt_hops = 2;
+  int64_t segment = 4096;       // prefill segment
+  std::string gate = "report";  // "report": record pass / fail; "stop": end the run on a fail
+};
+
 struct Recipe {
   std::string text;  // the TOML source, stored in checkpoints
 
@@ -64,6 +81,7 @@ struct Recipe {
   int64_t log_every = 1;
   bool log_jsonl = true, log_tensorboard = true, log_html = true;
 
+  EvalRecipe eval;
   std::vector<StageSpec> stages;
   std::vector<int64_t> poison_steps;  // [debug]: steps (1-based) whose loss is made NaN
 

@@ -109,44 +109,122 @@ std::string acc_colour(double a) {
 
 }  // namespace
 
+namespace {
+
+// Appends (step, v), first dropping points at or after `step` (a resumed run logs them again).
+template <class V>
+void put(std::vector<std::pair<int64_t, V>>& s, int64_t step, V v) {
+  while (!s.empty() && s.back().first >= step) s.pop_back();
+  s.emplace_back(step, std::move(v));
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    // A crash can leave a torn last line; everything before it is intact.
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// Per step, the largest "layer<i>/load/maxvio" of the series.
+Series max_over_layers(const std::map<std::string, Series>& series) {
+  std::map<int64_t, double> m;
+  for (const auto& [k, v] : series)
+    if (k.size() > 12 && k.compare(k.size() - 12, 12, "/load/maxvio") == 0)
+      for (const auto& [step, x] : v)
+        if (std::isfinite(x)) m[step] = m.count(step) ? std::max(m[step], x) : x;
+  return Series(m.begin(), m.end());
+}
+
+}  // namespace
+
 RunReport::RunReport(const std::string& dir) : dir_(dir) {
   std::filesystem::create_directories(dir);
   const std::string p = (std::filesystem::path(dir) / "metrics.jsonl").string();
+  for (const auto& j : read_jsonl(p)) ingest(j, false);
   jsonl_.open(p, std::ios::app);
   MYRIAD_CHECK(jsonl_.good(), "report: cannot open ", p);
+}
+
+void RunReport::ingest(const nlohmann::json& j, bool write) {
+  if (j.contains("stage_eval")) {
+    Grid g;
+    g.stage = j["stage_eval"].get<std::string>();
+    g.task = j.value("task", std::string("passkey"));
+    g.lengths = j.at("lengths").get<std::vector<int64_t>>();
+    g.depths = j.at("depths").get<std::vector<double>>();
+    g.acc = j.at(j.contains("accuracy") ? "accuracy" : "passkey_accuracy")
+                .get<std::vector<std::vector<double>>>();
+    std::erase_if(grids_, [&](const Grid& o) { return o.stage == g.stage && o.task == g.task; });
+    grids_.push_back(std::move(g));
+  } else if (j.contains("stage_summary")) {
+    const auto& row = j["stage_summary"];
+    std::erase_if(summaries_, [&](const nlohmann::json& o) { return o["stage"] == row["stage"]; });
+    summaries_.push_back(row);
+  } else if (j.contains("expert_load")) {
+    put(loads_[j.at("layer").get<int64_t>()], j.at("step").get<int64_t>(),
+        j["expert_load"].get<std::vector<double>>());
+  } else if (j.contains("step")) {
+    const auto step = j["step"].get<int64_t>();
+    for (const auto& [k, v] : j.items())
+      if (k != "step") put(series_[k], step, v.is_number() ? v.get<double>() : NAN);
+  }
+  if (write) {
+    jsonl_ << j.dump() << "\n";
+    jsonl_.flush();
+  }
 }
 
 void RunReport::scalars(int64_t step, const std::map<std::string, double>& values) {
   nlohmann::json j;
   j["step"] = step;
-  for (const auto& [k, v] : values) {
+  for (const auto& [k, v] : values)
     j[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-    series_[k].emplace_back(step, v);
-  }
-  jsonl_ << j.dump() << "\n";
-  jsonl_.flush();
+  ingest(j, true);
 }
 
-void RunReport::stage_eval(const std::string& stage, const std::vector<int64_t>& lengths,
-                           const std::vector<double>& depths,
+void RunReport::stage_eval(const std::string& stage, const std::string& task,
+                           const std::vector<int64_t>& lengths, const std::vector<double>& depths,
                            const std::vector<std::vector<double>>& acc) {
-  MYRIAD_CHECK(acc.size() == lengths.size(), "report: stage ", stage, " grid has ", acc.size(),
-               " rows for ", lengths.size(), " lengths");
+  const size_t cols = std::max<size_t>(depths.size(), 1);
+  MYRIAD_CHECK(acc.size() == lengths.size(), "report: stage ", stage, " ", task, " grid has ",
+               acc.size(), " rows for ", lengths.size(), " lengths");
   for (const auto& row : acc)
-    MYRIAD_CHECK(row.size() == depths.size(), "report: stage ", stage, " grid row has ", row.size(),
-                 " values for ", depths.size(), " depths");
-  grids_.push_back({stage, lengths, depths, acc});
-  nlohmann::json j = {
-      {"stage_eval", stage}, {"lengths", lengths}, {"depths", depths}, {"passkey_accuracy", acc}};
-  jsonl_ << j.dump() << "\n";
-  jsonl_.flush();
+    MYRIAD_CHECK(row.size() == cols, "report: stage ", stage, " ", task, " grid row has ",
+                 row.size(), " values for ", cols, " depth columns");
+  ingest({{"stage_eval", stage},
+          {"task", task},
+          {"lengths", lengths},
+          {"depths", depths},
+          {"accuracy", acc}},
+         true);
+}
+
+void RunReport::stage_summary(const nlohmann::json& row) {
+  MYRIAD_CHECK(row.is_object() && row.contains("stage"), "report: a stage row needs \"stage\"");
+  ingest({{"stage_summary", row}}, true);
+}
+
+void RunReport::add_contrast(const std::string& label, const std::string& other_dir) {
+  const std::string p = (std::filesystem::path(other_dir) / "metrics.jsonl").string();
+  MYRIAD_CHECK(std::filesystem::exists(p), "report: contrast run ", other_dir,
+               " has no metrics.jsonl");
+  contrast_label_ = label;
+  contrast_.clear();
+  for (const auto& j : read_jsonl(p))
+    if (j.contains("step") && !j.contains("expert_load") && !j.contains("stage_eval")) {
+      const auto step = j["step"].get<int64_t>();
+      for (const auto& [k, v] : j.items())
+        if (k != "step") put(contrast_[k], step, v.is_number() ? v.get<double>() : NAN);
+    }
 }
 
 void RunReport::expert_load(int64_t step, int64_t layer, const std::vector<double>& loads) {
-  loads_[layer].emplace_back(step, loads);
-  nlohmann::json j = {{"step", step}, {"layer", layer}, {"expert_load", loads}};
-  jsonl_ << j.dump() << "\n";
-  jsonl_.flush();
+  ingest({{"step", step}, {"layer", layer}, {"expert_load", loads}}, true);
 }
 
 std::string RunReport::html() const {
@@ -162,8 +240,46 @@ std::string RunReport::html() const {
        "<style>body{font-family:sans-serif;margin:20px}h2{font-size:15px;margin:18px 0 4px}"
        "svg{display:block}</style></head><body>\n<h1>Myriad run report</h1>\n";
   o << "<p>" << esc(dir_) << "</p>\n";
-  o << line_plot("Loss",
-                 pick([](const std::string& k) { return k == "loss" || k == "loss/value"; }));
+  const std::string mine = contrast_label_.empty() ? "loss" : "this run";
+  auto with_contrast = [&](std::vector<std::pair<std::string, Series>> v, const Series& other) {
+    if (!contrast_label_.empty() && !other.empty()) v.emplace_back(contrast_label_, other);
+    return v;
+  };
+  if (!summaries_.empty()) {
+    o << "<h2>Stages</h2>\n<table border=\"1\" cellpadding=\"4\" "
+         "style=\"border-collapse:collapse;font-size:12px\"><tr><th>stage</th><th>length</th>"
+         "<th>end step</th><th>held-out loss</th><th>passkey (mean)</th><th>effective length</th>"
+         "<th>gate</th><th>eval s</th></tr>\n";
+    auto cell = [&](const nlohmann::json& r, const char* k) {
+      if (!r.contains(k) || r[k].is_null()) return std::string("-");
+      return r[k].is_number() ? num(r[k].get<double>()) : esc(r[k].dump());
+    };
+    for (const auto& r : summaries_) {
+      std::string gate = "-";
+      if (r.contains("gate")) {
+        gate = r["gate"].get<bool>() ? "pass" : "fail";
+        for (const auto& why : r.value("gate_reasons", nlohmann::json::array()))
+          gate += "<br/>" + esc(why.get<std::string>());
+      }
+      o << "<tr><td>" << esc(r["stage"].get<std::string>()) << "</td><td>" << cell(r, "seq_len")
+        << "</td><td>" << cell(r, "step") << "</td><td>" << cell(r, "heldout_loss") << "</td><td>"
+        << cell(r, "passkey") << "</td><td>" << cell(r, "effective_length") << "</td><td>" << gate
+        << "</td><td>" << cell(r, "eval_seconds") << "</td></tr>\n";
+    }
+    o << "</table>\n";
+  }
+  {
+    Series loss;
+    for (const char* k : {"loss", "loss/value"})
+      if (series_.count(k)) loss = series_.at(k);
+    Series other;
+    if (contrast_.count("loss")) other = contrast_.at("loss");
+    o << line_plot("Loss", with_contrast({{mine, loss}}, other));
+  }
+  if (const Series mv = max_over_layers(series_); !mv.empty())
+    o << line_plot("Expert load max-violation (max over MoE layers of max_j c_j/q - 1)",
+                   with_contrast({{contrast_label_.empty() ? "max-violation" : mine, mv}},
+                                 max_over_layers(contrast_)));
   o << line_plot("Learning rate",
                  pick([&](const std::string& k) { return k == "lr" || has(k, "/lr"); }));
   o << line_plot("Gradient norm", pick([](const std::string& k) { return k == "grad/norm"; }),
@@ -192,17 +308,21 @@ std::string RunReport::html() const {
     o << "</svg>\n";
   }
   for (const Grid& g : grids_) {  // lengths (y) × depths (x), accuracy
-    const double cw = 56, ch = 22, L = 70, T = 20;
-    o << "<h2>Passkey accuracy, stage " << esc(g.stage) << "</h2>\n<svg class=\"evalgrid\" "
-      << "xmlns=\"http://www.w3.org/2000/svg\" width=\"" << num(L + cw * g.depths.size() + 4)
-      << "\" height=\"" << num(T + ch * g.lengths.size() + 4) << "\">";
-    for (size_t j = 0; j < g.depths.size(); ++j)
+    const double cw = g.depths.empty() ? 90 : 56, ch = 22, L = 70, T = 20;
+    const size_t nd = std::max<size_t>(g.depths.size(), 1);
+    o << "<h2>" << esc(g.task) << " accuracy, stage " << esc(g.stage)
+      << "</h2>\n<svg class=\"evalgrid\" "
+      << "xmlns=\"http://www.w3.org/2000/svg\" width=\"" << num(L + cw * nd + 4) << "\" height=\""
+      << num(T + ch * g.lengths.size() + 4) << "\">";
+    for (size_t j = 0; j < nd; ++j)
       o << "<text x=\"" << num(L + cw * (j + 0.5)) << "\" y=\"14\" font-size=\"10\" "
-        << "text-anchor=\"middle\">depth " << num(g.depths[j]) << "</text>";
+        << "text-anchor=\"middle\">"
+        << (g.depths.empty() ? std::string("random depth") : "depth " + num(g.depths[j]))
+        << "</text>";
     for (size_t i = 0; i < g.lengths.size(); ++i) {
       o << "<text x=\"" << L - 4 << "\" y=\"" << num(T + ch * (i + 0.7)) << "\" font-size=\"10\" "
         << "text-anchor=\"end\">" << g.lengths[i] << "</text>";
-      for (size_t j = 0; j < g.depths.size(); ++j)
+      for (size_t j = 0; j < nd; ++j)
         o << "<rect x=\"" << num(L + cw * j) << "\" y=\"" << num(T + ch * i) << "\" width=\"" << cw
           << "\" height=\"" << ch << "\" fill=\"" << acc_colour(g.acc[i][j])
           << "\" stroke=\"#fff\"/><text x=\"" << num(L + cw * (j + 0.5)) << "\" y=\""

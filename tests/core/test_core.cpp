@@ -165,6 +165,48 @@ TEST(Autograd, ShapeOpsRouteGradients) {
   EXPECT_EQ(w.grad().to_doubles(), (std::vector<double>{0, 10, 20, 30}));
 }
 
+// recompute(): the same values and gradients (into x and into the parameters fn closes over) as
+// the plain graph, no recorded history inside, and a plain call when x needs no gradient.
+TEST(Autograd, RecomputeMatchesPlainGraph) {
+  auto params = [] {
+    Tensor w1 = Tensor::from_doubles(std::vector<double>{0.3, -0.2, 0.5, 0.1, 0.7, -0.4}, {2, 3},
+                                     DType::F64)
+                    .requires_grad_();
+    Tensor w2 = Tensor::from_doubles(std::vector<double>{0.2, -0.6, 0.9}, {3, 1}, DType::F64)
+                    .requires_grad_();
+    return std::pair{w1, w2};
+  };
+  const Tensor x0 =
+      Tensor::from_doubles(std::vector<double>{1.0, -2.0, 0.5, 0.25}, {2, 2}, DType::F64);
+  std::vector<std::vector<double>> g[2];
+  double out[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    auto [w1, w2] = params();
+    Tensor a = Tensor(x0.clone()).requires_grad_();
+    auto fn = [&, w1 = w1, w2 = w2](const Tensor& x) {
+      return ops::matmul(ops::tanh(ops::matmul(x, w1)), w2);
+    };
+    Tensor h = ops::mul(a, 1.5);  // x comes out of an op, as a layer input does
+    Tensor y = mode ? recompute("block", fn, h) : fn(h);
+    if (mode) {
+      EXPECT_EQ(y.grad_fn()->name, "block");
+      EXPECT_EQ(y.grad_fn()->inputs.size(), 1u);  // no edges to w1, w2: nothing inside was kept
+    }
+    Tensor loss = ops::sum(ops::mul(y, y));
+    out[mode] = loss.to_doubles()[0];
+    loss.backward();
+    g[mode] = {a.grad().to_doubles(), w1.grad().to_doubles(), w2.grad().to_doubles()};
+  }
+  EXPECT_DOUBLE_EQ(out[0], out[1]);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(g[0][i], g[1][i]) << "gradient " << i;
+  // x without a gradient: fn runs as is, and its parameters still get gradients.
+  auto [w1, w2] = params();
+  Tensor y = recompute(
+      "block", [&](const Tensor& x) { return ops::matmul(ops::matmul(x, w1), w2); }, x0);
+  ops::sum(y).backward();
+  EXPECT_TRUE(w1.grad().defined());
+}
+
 TEST(Random, PhiloxKnownAnswers) {
   // Random123's published known-answer vectors for Philox-4x32-10.
   auto a = philox4x32({0, 0, 0, 0}, {0, 0});

@@ -239,5 +239,55 @@ TEST(Evals, StageGateRules) {
   EXPECT_TRUE(stage_gate({pass_pk}, {}, 2.0, 2.0, false, L).pass);
 }
 
+// The recipe's [eval] section: defaults, lengths from the stage length, and the evaluator's gate
+// chaining (stage 0's held-out loss is the reference of every later stage).
+TEST(Evals, StageEvaluatorFromRecipe) {
+  const std::string base =
+      "[model]\npreset = \"tiny\"\n[[stage]]\nseq_len = 256\nsteps = 2\n"
+      "tokens_per_step = 512\n";
+  EXPECT_FALSE(Recipe::parse(base).eval.enabled);
+  const Recipe r = Recipe::parse(base +
+                                 "[eval]\ntasks = [\"passkey\", \"vt\"]\nseeds = 1\n"
+                                 "length_factors = [0.125, 0.25, 1, 2]\nmax_length = 256\n"
+                                 "depths = [0.5]\nvt_hops = 1\n");
+  EXPECT_TRUE(r.eval.enabled);
+  auto err = [&](const std::string& extra) {
+    try {
+      Recipe::parse(base + "[eval]\n" + extra);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(err("tasks = [\"ruler\"]").find("eval.tasks"), std::string::npos);
+  EXPECT_NE(err("depths = [1.5]").find("eval.depths"), std::string::npos);
+  EXPECT_NE(err("seeds = 0").find("eval.seeds"), std::string::npos);
+  EXPECT_NE(err("gate = \"maybe\"").find("eval.gate"), std::string::npos);
+  EXPECT_NE(err("tasks = \"passkey\"").find("expected an array"), std::string::npos);
+  EXPECT_NE(err("colour = 1").find("unknown key eval.colour"), std::string::npos);
+
+  StageEvaluator ev(r.eval, 5);
+  // 128 × {1/8, 1/4, 1, 2} capped at 256, at least 16 tokens.
+  EXPECT_EQ(ev.config_for(128).lengths, (std::vector<int64_t>{16, 32, 128, 256}));
+  EXPECT_EQ(ev.config_for(1024).lengths, (std::vector<int64_t>{128, 256}));
+  OneThread one;
+  const auto a = ev.evaluate(tiny_model(), tokenizer(), "s0", 64, 10, 3.0, false);
+  ASSERT_EQ(a.grids.size(), 2u);
+  EXPECT_EQ(a.grids[0].task, "passkey");
+  EXPECT_EQ(a.grids[1].task, "vt_h1");
+  EXPECT_EQ(a.grids[0].lengths, (std::vector<int64_t>{16, 64, 128}));
+  // A random model fails the passkey rule; a worse held-out loss than stage 0's fails rule (3).
+  EXPECT_FALSE(a.gate.pass);
+  const auto b = ev.evaluate(tiny_model(), tokenizer(), "s1", 64, 20, 3.5, true);
+  const auto has = [](const GateResult& g, const char* s) {
+    return std::any_of(g.reasons.begin(), g.reasons.end(),
+                       [&](const std::string& r) { return r.find(s) != std::string::npos; });
+  };
+  EXPECT_TRUE(has(b.gate, "exceeds 1.02"));
+  EXPECT_TRUE(has(b.gate, "spike"));
+  EXPECT_FALSE(has(a.gate, "exceeds 1.02"));
+  EXPECT_EQ(ev.outcomes().size(), 2u);
+}
+
 }  // namespace
 }  // namespace myriad::train

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -207,10 +208,11 @@ TEST(Report, WritesJsonlAndSelfContainedHtml) {
         r.expert_load(t, layer, loads);
       }
     }
-    r.stage_eval("S1", {512, 1024, 2048}, {0.0, 0.5, 1.0},
+    r.stage_eval("S1", "passkey", {512, 1024, 2048}, {0.0, 0.5, 1.0},
                  {{1.0, 1.0, 0.9}, {1.0, 0.8, 0.6}, {0.5, 0.2, 0.1}});
-    r.stage_eval("S2", {4096}, {0.25, 0.75}, {{0.75, 0.5}});
-    EXPECT_THROW(r.stage_eval("bad", {1, 2}, {0.5}, {{1.0}}), std::exception);
+    r.stage_eval("S2", "passkey", {4096}, {0.25, 0.75}, {{0.75, 0.5}});
+    EXPECT_THROW(r.stage_eval("bad", "passkey", {1, 2}, {0.5}, {{1.0}}), std::exception);
+    EXPECT_THROW(r.stage_eval("bad", "vt_h2", {1}, {}, {{1.0, 0.5}}), std::exception);
     r.write_html();
   }
   std::ifstream jl(dir / "metrics.jsonl");
@@ -236,7 +238,53 @@ TEST(Report, WritesJsonlAndSelfContainedHtml) {
   EXPECT_EQ(count(h, "class=\"evalgrid\""), 2u);
   EXPECT_EQ(count(h, "<polyline"), 1u + 1u + 1u + 1u + 2u);  // loss, lr, grad, jitter, entropies
   EXPECT_NE(h.find("Expert load, layer 2"), std::string::npos);
-  EXPECT_NE(h.find("Passkey accuracy, stage S2"), std::string::npos);
+  EXPECT_NE(h.find("passkey accuracy, stage S2"), std::string::npos);
   EXPECT_EQ(count(h, "<rect"), 5u + 2u * 60u * 16u + 9u + 2u);  // frames + cells
   if (!std::getenv("MYRIAD_KEEP_REPORT")) fs::remove_all(dir);
+}
+
+// A reopened report (resume, `myriad report`) reads its metrics back; a replayed step replaces the
+// earlier record; stage rows and a contrast run show up in the HTML.
+TEST(Report, ReopensReplaysAndContrasts) {
+  const fs::path dir = fs::temp_directory_path() / ("myriad_report2_" + std::to_string(getpid()));
+  const fs::path other = dir / "other";
+  fs::remove_all(dir);
+  {
+    RunReport r(dir.string());
+    for (int64_t t = 1; t <= 10; ++t)
+      r.scalars(t, {{"loss", 3.0 - 0.1 * t}, {"layer1/load/maxvio", 0.5 / t}});
+    r.stage_eval("S1", "mk_niah_k4", {256, 512}, {}, {{1.0}, {0.5}});
+  }
+  {
+    RunReport r(dir.string());  // resumed at step 8: steps 9, 10 are logged again
+    for (int64_t t = 9; t <= 12; ++t)
+      r.scalars(t, {{"loss", 2.0 - 0.1 * t}, {"layer1/load/maxvio", 0.05}});
+    r.stage_summary({{"stage", "S1"},
+                     {"seq_len", 256},
+                     {"heldout_loss", 2.5},
+                     {"passkey", 0.25},
+                     {"gate", false},
+                     {"gate_reasons", {"passkey accuracy 0.25 < 0.95 at length 256"}}});
+    EXPECT_THROW(r.stage_summary({{"seq_len", 1}}), std::exception);
+    RunReport o(other.string());
+    for (int64_t t = 1; t <= 12; ++t) o.scalars(t, {{"loss", 3.0}, {"layer1/load/maxvio", 0.9}});
+    r.add_contrast("no balancing", other.string());
+    EXPECT_THROW(r.add_contrast("x", (dir / "missing").string()), std::exception);
+    r.write_html();
+  }
+  const std::string h = slurp(dir / "report.html");
+  std::string why;
+  EXPECT_TRUE(balanced(h, why)) << why;
+  EXPECT_NE(h.find("mk_niah_k4 accuracy, stage S1"), std::string::npos);
+  EXPECT_NE(h.find("random depth"), std::string::npos);
+  EXPECT_NE(h.find("<th>stage</th>"), std::string::npos);
+  EXPECT_NE(h.find("passkey accuracy 0.25 &lt; 0.95"), std::string::npos);
+  EXPECT_NE(h.find("max-violation"), std::string::npos);
+  EXPECT_EQ(count(h, ">no balancing<"), 2u);  // legend of the loss and max-violation plots
+  // The loss polyline of this run has 12 points (steps 9, 10 replaced, not duplicated).
+  const size_t a = h.find("<polyline");
+  const size_t b = h.find("\"/>", a);
+  const std::string pts = h.substr(a, b - a);
+  EXPECT_EQ(std::count(pts.begin(), pts.end(), ','), 12);
+  fs::remove_all(dir);
 }
