@@ -15,10 +15,20 @@
 //   matmuls   6 * (active params - V*d embedding table) * B*T
 //   MLA       3 * B * H * 2 (d_qk + d_v) * T(T+1)/2          (causal scores and values)
 //   KDA       3 * B * H * (6 T d^2 + 3 T C d + T C^2), C = 64 (MODEL.md §4.4)
+// --adamw=1 makes every step a full optimiser step: zero_grad, forward + loss + backward, global
+// gradient-norm clipping to 1 and AdamW (train::Optimizer with matrix_optimizer = "adamw": lr
+// 1e-3, betas 0.9 / 0.95, eps 1e-8, weight decay 0.1) on every trainable tensor, as torch's
+// clip_grad_norm_ + AdamW does on the other side; the FLOP count stays the model's (the
+// optimiser's O(params) work is not counted). The printed loss is then the first step's (before
+// any update), which both sides must agree on; loss_last is the last step's.
+// --bf16=1 runs forward and backward on a bf16 working copy with fp32 master weights, gradients
+// and optimiser state, as a recipe's precision = "bf16" does (train::Bf16Copy); the loss then
+// differs from torch's f32 one by bf16 rounding.
 // The last line is machine-readable: RESULT myriad tokens_per_s=<x> ...
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +38,8 @@
 #include "model/commands.h"
 #include "model/decoder.h"
 #include "ops/ops.h"
+#include "train/mixed_precision.h"
+#include "train/optim.h"
 
 namespace myriad::bench {
 namespace {
@@ -234,10 +246,12 @@ int main(int argc, char** argv) {
       static_cast<int>(take_flag(argc, argv, "warmup", "MYRIAD_BENCH_MODEL_WARMUP", 2));
   const auto seed = static_cast<uint64_t>(take_flag(argc, argv, "seed", "MYRIAD_BENCH_SEED", 1));
   const bool prof = take_flag(argc, argv, "profile", "MYRIAD_BENCH_MODEL_PROFILE", 0) != 0;
+  const bool adamw = take_flag(argc, argv, "adamw", "MYRIAD_BENCH_MODEL_ADAMW", 0) != 0;
+  const bool bf16 = take_flag(argc, argv, "bf16", "MYRIAD_BENCH_MODEL_BF16", 0) != 0;
   if (argc != 2 || steps < 1) {
     std::fprintf(stderr,
                  "usage: bench_model <config.json | model dir> [--B=2] [--T=512] [--steps=8] "
-                 "[--warmup=2] [--seed=1] [--profile=0]\n");
+                 "[--warmup=2] [--seed=1] [--profile=0] [--adamw=0] [--bf16=0]\n");
     return 2;
   }
   const std::string path = argv[1];
@@ -258,14 +272,37 @@ int main(int argc, char** argv) {
                 pc.total * 1e-6, pc.active * 1e-6, static_cast<long long>(B),
                 static_cast<long long>(T), omp_get_max_threads());
 
-    double loss = 0;
+    std::optional<train::Optimizer> opt;  // with bf16 alone: only for zero_grad
+    std::optional<train::Bf16Copy> copy;
+    if (adamw || bf16) {
+      m.weights().requires_grad_(true);
+      train::NamedParams params;
+      for (const auto& sp : m.weights().specs())
+        if (sp.trainable) params.emplace_back(sp.name, m.weights().get(sp.name));
+      train::OptimConfig oc;
+      oc.matrix_optimizer = "adamw";
+      oc.lr = 1e-3;
+      opt.emplace(std::move(params), oc);
+      if (bf16) copy.emplace(m);
+    }
+    double loss = 0, first_loss = 0;
     std::vector<double> times;
     for (int s = 0; s < warmup + steps; ++s) {
       auto t0 = Clock::now();
-      m.weights().requires_grad_(true);  // fresh leaves, last step's gradients dropped
-      Tensor l = m.loss(ids);
+      if (opt)
+        opt->zero_grad();
+      else
+        m.weights().requires_grad_(true);  // fresh leaves, last step's gradients dropped
+      Tensor l = (copy ? copy->decoder() : m).loss(ids);
       l.backward();
+      if (copy) copy->accumulate_grads();
+      if (adamw) {
+        opt->clip_grad_norm();
+        opt->step(opt->config().lr);
+        if (copy) copy->refresh();
+      }
       loss = l.item();
+      if (s == 0) first_loss = loss;
       const double dt = seconds_since(t0);
       if (s >= warmup) times.push_back(dt);
       std::printf("  step %2d%s %8.1f ms  loss %.6f\n", s, s < warmup ? " (warm-up)" : "          ",
@@ -276,20 +313,22 @@ int main(int argc, char** argv) {
     const double tps = tokens / step_s;
     const double flops = model_flops_per_step(c, B, T);
     const double gflops = flops / step_s * 1e-9;
-    const double peak = measured_peak_gflops(false);
+    const double peak = measured_peak_gflops(bf16);
     std::printf("  median step %.1f ms (min %.1f, max %.1f) -> %.0f tokens/s\n", 1e3 * step_s,
                 1e3 * *std::min_element(times.begin(), times.end()),
                 1e3 * *std::max_element(times.begin(), times.end()), tps);
-    std::printf(
-        "  model %.2f GFLOP/step -> %.2f GFLOP/s; measured f32 FMA peak %.1f GFLOP/s "
-        "(%.1f%%)\n",
-        flops * 1e-9, gflops, peak, peak > 0 ? 100 * gflops / peak : 0.0);
+    std::printf("  model %.2f GFLOP/step -> %.2f GFLOP/s; measured %s peak %.1f GFLOP/s (%.1f%%)\n",
+                flops * 1e-9, gflops, bf16 ? "bf16 dot-product" : "f32 FMA", peak,
+                peak > 0 ? 100 * gflops / peak : 0.0);
     if (prof) profile(m, ids, step_s, peak);
     std::printf(
         "RESULT myriad tokens_per_s=%.1f step_ms=%.2f step_min_ms=%.2f B=%lld T=%lld steps=%d "
-        "threads=%d loss=%.6f flop_per_token=%.6g gflops=%.3f peak_gflops=%.2f frac_peak=%.4f\n",
+        "threads=%d loss=%.6f loss_last=%.6f optimizer=%s precision=%s flop_per_token=%.6g "
+        "gflops=%.3f "
+        "peak_gflops=%.2f frac_peak=%.4f\n",
         tps, 1e3 * step_s, 1e3 * *std::min_element(times.begin(), times.end()),
-        static_cast<long long>(B), static_cast<long long>(T), steps, omp_get_max_threads(), loss,
+        static_cast<long long>(B), static_cast<long long>(T), steps, omp_get_max_threads(),
+        adamw ? first_loss : loss, loss, adamw ? "adamw" : "none", bf16 ? "bf16" : "f32",
         flops / tokens, gflops, peak, peak > 0 ? gflops / peak : 0.0);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_model: %s\n", e.what());

@@ -20,6 +20,10 @@
 #   is MLA 3 H 2 (d_qk + d_v) T(T+1)/2 per sequence and KDA 3 H (6 T d^2 + 3 T C d + T C^2) per
 #   sequence, C = 64 (bench/bench_model.cpp computes it).
 #
+# ADAMW=1 makes every step a full training step on both sides: zero grad, forward + loss +
+# backward, global-norm clipping to 1 and AdamW (lr 1e-3, betas 0.9/0.95, eps 1e-8, wd 0.1) on all
+# parameters (Myriad: train::Optimizer with matrix_optimizer = "adamw"; torch: clip_grad_norm_ +
+# torch.optim.AdamW). The loss check then compares the first step's loss (before any update).
 # Settings (environment): OMP_NUM_THREADS (2), B (2), T (1024), STEPS (6), WARMUP (2), ROUNDS (2),
 # PROFILE=1 (per-layer-type profiles in round 1), MYRIAD_BUILD (build/release; bench_model is
 # built there when missing), MYRIAD_BENCH_DIR (build/bench_model: config, checkpoint, logs),
@@ -29,6 +33,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 B=${B:-2} T=${T:-1024} STEPS=${STEPS:-6} WARMUP=${WARMUP:-2} ROUNDS=${ROUNDS:-2}
+opt_m="" opt_t="" mode="forward + backward"
+if [ "${ADAMW:-0}" = 1 ]; then opt_m="--adamw=1" opt_t="--adamw" mode="full AdamW training steps"; fi
 build=${MYRIAD_BUILD:-build/release}
 dir=${MYRIAD_BENCH_DIR:-build/bench_model}
 mkdir -p "$dir"
@@ -104,14 +110,14 @@ result() { grep '^RESULT' "$1" | tail -1; }
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 
-echo "== bench_model: B=$B T=$T, $WARMUP warm-up + $STEPS timed steps, OMP_NUM_THREADS=$OMP_NUM_THREADS, $ROUNDS rounds =="
+echo "== bench_model ($mode): B=$B T=$T, $WARMUP warm-up + $STEPS timed steps, OMP_NUM_THREADS=$OMP_NUM_THREADS, $ROUNDS rounds =="
 declare -a mt tt ml tl lm lt peaks mmin tmin
 fpt=0
 for ((r = 1; r <= ROUNDS; ++r)); do
   prof_m="" prof_t=""
   if [ "${PROFILE:-0}" = 1 ] && [ "$r" = 1 ]; then prof_m="--profile=1" prof_t="--profile"; fi
   echo "-- round $r: Myriad (load $(load))"
-  "$build/bench_model" "$dir/model" --B="$B" --T="$T" --steps="$STEPS" --warmup="$WARMUP" $prof_m |
+  "$build/bench_model" "$dir/model" --B="$B" --T="$T" --steps="$STEPS" --warmup="$WARMUP" $prof_m $opt_m |
     tee "$dir/myriad.$r.log"
   res=$(result "$dir/myriad.$r.log")
   mt[r]=$(field "$res" tokens_per_s) ml[r]=$(field "$res" loss) peaks[r]=$(field "$res" peak_gflops)
@@ -119,14 +125,14 @@ for ((r = 1; r <= ROUNDS; ++r)); do
   fpt=$(field "$res" flop_per_token) lm[r]=$(load)
   echo "-- round $r: torch (load $(load))"
   "$py" tools/reference/bench_torch_cpu.py "$dir/model" --B "$B" --T "$T" --steps "$STEPS" \
-    --warmup "$WARMUP" $prof_t 2>&1 | grep -v -e '^Loading weights' -e 'it/s]$' | tee "$dir/torch.$r.log"
+    --warmup "$WARMUP" $prof_t $opt_t 2>&1 | grep -v -e '^Loading weights' -e 'it/s]$' | tee "$dir/torch.$r.log"
   res=$(result "$dir/torch.$r.log")
   tt[r]=$(field "$res" tokens_per_s) tl[r]=$(field "$res" loss) lt[r]=$(load)
   tmin[r]=$(field "$res" step_min_ms)
 done
 
 echo
-echo "== summary: B=$B T=$T, $OMP_NUM_THREADS threads, median step of $STEPS after $WARMUP warm-up =="
+echo "== summary ($mode): B=$B T=$T, $OMP_NUM_THREADS threads, median step of $STEPS after $WARMUP warm-up =="
 {
   for ((r = 1; r <= ROUNDS; ++r)); do
     echo "${mt[r]} ${tt[r]} ${ml[r]} ${tl[r]} ${peaks[r]} ${lm[r]// /,} ${lt[r]// /,} ${mmin[r]} ${tmin[r]}"

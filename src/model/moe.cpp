@@ -115,7 +115,7 @@ Routing Moe::route(const Tensor& x_ND) const {
       sel = ops::add(sel, ops::mul(ops::add(keep_NE, -1.0), 1e30));  // dropped groups -> -1e30
     }
     idx = ops::topk(sel, k_).indices;
-    last_ = {s_NE.detach().to(DType::F32), idx};
+    last_ = {s_NE.detach().to(DType::F32), idx, s_NE.requires_grad() ? s_NE : Tensor()};
   }
   Tensor p = ops::gather(s_NE, 1, idx);
   if (renorm_) p = ops::div(p, ops::add(ops::sum(p, {-1}, true), 1e-20));

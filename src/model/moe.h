@@ -22,10 +22,13 @@ struct Routing {
   Tensor p_NK;    // [N, k] mixture weights (differentiable)
 };
 
-// What the last route() saw, for balancers and monitors (TRAINING.md §3-4): detached.
+// What the last route() saw, for balancers and monitors (TRAINING.md §3-4): detached, except
+// scores_graph, the same scores in the model's dtype with their autograd history (defined only when
+// they require grad), for auxiliary losses on the router (MODEL.md §12.3 aux_loss).
 struct RouteStats {
   Tensor scores_Nn;    // f32 [N, n] unbiased sigmoid scores
   Tensor selected_Nk;  // i64 [N, k] chosen experts
+  Tensor scores_graph;
 };
 
 class Moe {

@@ -177,7 +177,13 @@ MemoryBreakdown training_memory(const ModelConfig& c, const ParamCounts& pc, con
       mb.workspace += 2 * tokens * c.num_experts_per_token * lat * act_bytes;
     if (st == l.pp - 1) mb.workspace += 2 * std::min(1024.0, tokens) * c.vocab_size * 4;
 
-    mb.total = mb.weights + mb.grads + mb.master + mb.optimizer + mb.activations + mb.workspace;
+    // On the CPU the engine's zero_grad frees the gradients and backward allocates them as the
+    // tape is released: with one micro-batch per step they never coexist with the full tape, so
+    // the peak (measured: at the end of the forward) holds the larger of the two. GPU plans keep
+    // them in persistent (bucketed, reduce-scattered) buffers and count both.
+    const double transient = mb.activations + mb.workspace;
+    const double live = hw.cpu && m == 1 ? std::max(mb.grads, transient) : mb.grads + transient;
+    mb.total = mb.weights + mb.master + mb.optimizer + live;
     mb.capacity = hw.mem_bytes * hw.usable;
     if (st == 0 || mb.total > best.total) best = mb;
   }

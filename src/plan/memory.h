@@ -71,6 +71,9 @@ struct MemoryBreakdown {
   double activations_none = 0;  // the same without recomputation
   double activations_full = 0;  // the same with full recomputation
   double workspace = 0;         // EP buffers, logits chunk, one layer's gradients in flight
+  // weights + master + optimizer + grads + activations + workspace; on CPU hardware with one
+  // micro-batch per step, gradients and the tape do not coexist (zero_grad frees the gradients)
+  // and only the larger of grads and activations + workspace counts.
   double total = 0;
   double capacity = 0;  // usable bytes per device
   bool fits() const { return total <= capacity; }

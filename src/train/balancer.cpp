@@ -166,6 +166,26 @@ void Balancer::update(Tensor& bias) {
   marg_.clear();
 }
 
+nlohmann::json Balancer::state() const {
+  return {{"b", b_}, {"updates", updates_}, {"m", m_},         {"counts", counts_}, {"lo", lo_},
+          {"w", w_}, {"hist", hist_},       {"margins", marg_}};
+}
+
+void Balancer::load_state(const nlohmann::json& j) {
+  auto b = j.at("b").get<std::vector<double>>();
+  auto counts = j.at("counts").get<std::vector<int64_t>>();
+  MYRIAD_CHECK(static_cast<int64_t>(b.size()) == n_ && static_cast<int64_t>(counts.size()) == n_,
+               "balancer: saved state is for ", b.size(), " experts, not ", n_);
+  b_ = std::move(b);
+  counts_ = std::move(counts);
+  updates_ = j.at("updates").get<int64_t>();
+  m_ = j.at("m").get<int64_t>();
+  lo_ = j.at("lo").get<double>();
+  w_ = j.at("w").get<double>();
+  hist_ = j.at("hist").get<std::vector<int32_t>>();
+  marg_ = j.at("margins").get<std::vector<std::vector<float>>>();
+}
+
 Tensor Balancer::aux_loss(const Tensor& scores_Nn, const Tensor& selected_Nk,
                           int64_t seq_len) const {
   check_route(scores_Nn, selected_Nk, n_, k_);

@@ -11,6 +11,7 @@
 // The mixture weights never see b (MODEL.md §6); only the selection does.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/tensor.h"
@@ -34,6 +35,11 @@ class Balancer {
   // normalised score. seq_len > 0 with aux_scope = "sequence" averages the loss per sequence of
   // seq_len consecutive tokens.
   Tensor aux_loss(const Tensor& scores_Nn, const Tensor& selected_Nk, int64_t seq_len = 0) const;
+
+  // Everything carried between calls (last bias, update count, histogram range, accumulators),
+  // exact through JSON, for checkpoints: a resumed run makes the same decisions.
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& j);
 
   void set_exact(bool on) { exact_ = on; }
   // Accumulated since the last update: per-expert counts and tokens m.

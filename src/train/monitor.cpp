@@ -41,6 +41,17 @@ void EmaStats::push(double x) {
   ++n_;
 }
 
+nlohmann::json EmaStats::state() const {
+  return {{"rho", rho_}, {"mu", mu_}, {"var", var_}, {"n", n_}};
+}
+
+void EmaStats::load_state(const nlohmann::json& j) {
+  rho_ = j.at("rho").get<double>();
+  mu_ = j.at("mu").get<double>();
+  var_ = j.at("var").get<double>();
+  n_ = j.at("n").get<int64_t>();
+}
+
 namespace {
 
 double mean_of(const std::vector<double>& v) {
@@ -210,6 +221,79 @@ std::map<std::string, double> Monitor::step(const StepStats& s) {
   }
   ++t_;
   return out;
+}
+
+}  // namespace myriad::train
+
+namespace myriad::train {
+
+nlohmann::json Monitor::state() const {
+  using J = nlohmann::json;
+  J grad = J::object();
+  for (const auto& [p, e] : grad_ema_) {
+    const auto h = grad_hist_.find(p);
+    const auto sp = grad_spikes_.find(p);
+    grad[p] = {{"ema", e.state()},
+               {"hist", h == grad_hist_.end() ? J::array() : J(h->second)},
+               {"spikes", sp == grad_spikes_.end() ? 0 : sp->second}};
+  }
+  J layers = J::array();
+  for (const auto& [l, L] : layers_)
+    layers.push_back({{"layer", l},
+                      {"last_active", L.last_active},
+                      {"probe", L.probe},
+                      {"flip_rate", L.flip_rate},
+                      {"probed", L.probed}});
+  J spikes = J::array();
+  for (const SpikeRecord& r : spikes_)
+    spikes.push_back({{"step", r.step},
+                      {"shard", r.shard},
+                      {"sequence_ids", r.sequence_ids},
+                      {"loss", r.loss},
+                      {"z", r.z}});
+  return {{"window", window_},
+          {"t", t_},
+          {"skips", skips_},
+          {"rollbacks", rollbacks_},
+          {"consecutive", consecutive_},
+          {"loss_spikes", loss_spikes_},
+          {"loss_ema", loss_ema_.state()},
+          {"loss_hist", loss_hist_},
+          {"grad", grad},
+          {"layers", layers},
+          {"spikes", spikes}};
+}
+
+void Monitor::load_state(const nlohmann::json& j) {
+  window_ = j.at("window").get<int64_t>();
+  t_ = j.at("t").get<int64_t>();
+  skips_ = j.at("skips").get<int64_t>();
+  rollbacks_ = j.at("rollbacks").get<int64_t>();
+  consecutive_ = j.at("consecutive").get<int64_t>();
+  loss_spikes_ = j.at("loss_spikes").get<int64_t>();
+  loss_ema_.load_state(j.at("loss_ema"));
+  loss_hist_ = j.at("loss_hist").get<std::deque<double>>();
+  grad_ema_.clear();
+  grad_hist_.clear();
+  grad_spikes_.clear();
+  for (const auto& [p, g] : j.at("grad").items()) {
+    grad_ema_[p].load_state(g.at("ema"));
+    grad_hist_[p] = g.at("hist").get<std::deque<double>>();
+    grad_spikes_[p] = g.at("spikes").get<int64_t>();
+  }
+  layers_.clear();
+  for (const auto& l : j.at("layers")) {
+    LayerState& L = layers_[l.at("layer").get<int64_t>()];
+    L.last_active = l.at("last_active").get<std::vector<int64_t>>();
+    L.probe = l.at("probe").get<std::vector<int64_t>>();
+    L.flip_rate = l.at("flip_rate").get<double>();
+    L.probed = l.at("probed").get<bool>();
+  }
+  spikes_.clear();
+  for (const auto& r : j.at("spikes"))
+    spikes_.push_back({r.at("step").get<int64_t>(), r.at("shard").get<int64_t>(),
+                       r.at("sequence_ids").get<std::vector<int64_t>>(), r.at("loss").get<double>(),
+                       r.at("z").get<double>()});
 }
 
 }  // namespace myriad::train

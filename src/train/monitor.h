@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,8 @@ class EmaStats {
   void push(double x);
   double mean() const;
   double std() const;
+  nlohmann::json state() const;  // exact (doubles round-trip through JSON)
+  void load_state(const nlohmann::json& j);
 
  private:
   double rho_, mu_ = 0, var_ = 0;
@@ -67,6 +70,11 @@ class Monitor {
   // `selected` [N, k] not present in the previous probe of `layer` (0 on the first probe).
   // The latest value is reported as layer<i>/route/flip_rate.
   double probe(int64_t layer, const Tensor& selected_Nk);
+
+  // Everything step() and decide() carry between steps (EMAs, windows, counters, probes, spike
+  // log), so a resumed run logs exactly what an uninterrupted one does.
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& j);
 
   const std::vector<SpikeRecord>& spikes() const { return spikes_; }
   int64_t skips() const { return skips_; }

@@ -23,6 +23,7 @@
 #include "train/balancer.h"
 #include "train/checkpoint.h"
 #include "train/events.h"
+#include "train/mixed_precision.h"
 #include "train/report.h"
 #include "train/signals.h"
 
@@ -48,11 +49,21 @@ void detach_cache(model::DecodeCache& c) {
     d(m.latent_sum_BR);
   }
 }
+
+// A differentiable dtype conversion (the auxiliary loss is computed in fp32 from bf16 scores).
+Tensor to_dtype(const Tensor& x, DType t) {
+  if (x.dtype() == t) return x;
+  Tensor out = x.to(t);
+  const DType src = x.dtype();
+  record("to_dtype", out, {x},
+         [src](const Tensor& g) -> std::vector<Tensor> { return {g.to(src)}; });
+  return out;
+}
 }  // namespace
 
 Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len, bool detach_state,
-                              const std::function<void()>& after_forward) {
+                              const std::function<Tensor()>& after_forward) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), d = dec.config().hidden_size;
   const int64_t L = segment_len > 0 && segment_len < T ? segment_len : T;
   MYRIAD_CHECK(T % L == 0, "trainer: segment_len ", L, " does not divide the sequence length ", T);
@@ -65,10 +76,11 @@ Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
     const Tensor x = L < T ? ops::contiguous(ops::slice(ids_BT, 1, s, s + L)) : ids_BT;
     const Tensor y = L < T ? ops::contiguous(ops::slice(labels_BT, 1, s, s + L)) : labels_BT;
     model::ForwardOutput f = dec.forward(x, cache ? &*cache : nullptr, {.logits = false});
-    if (after_forward) after_forward();
+    const Tensor extra = after_forward ? after_forward() : Tensor();
     Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * L, d}), head,
                                             ops::reshape(y, {B * L}));
     if (f.admission_loss.defined()) loss = ops::add(loss, f.admission_loss);
+    if (extra.defined()) loss = ops::add(loss, to_dtype(extra, loss.dtype()));
     // Every segment holds B * L scored tokens: weighting by L / T gives the one-pass mean.
     if (L < T) loss = ops::mul(loss, static_cast<double>(L) / static_cast<double>(T));
     total = total.defined() ? ops::add(total, loss) : loss;
@@ -81,7 +93,10 @@ struct Trainer::Impl {
   Recipe r;
   fs::path out;
   std::optional<data::Tokenizer> tok;
-  std::optional<model::Decoder> dec;
+  std::optional<model::Decoder> dec;  // fp32 master weights (optimiser, checkpoints, hooks)
+  // precision = "bf16": the bf16 working copy that runs forward and backward, refreshed from the
+  // master after every step; its gradients go into the fp32 master's after every micro-batch.
+  std::optional<Bf16Copy> shadow;
   std::optional<Optimizer> opt;
   std::map<int64_t, Balancer> bal;  // by decoder layer
   std::optional<data::TokenStream> stream;
@@ -96,6 +111,11 @@ struct Trainer::Impl {
   bool quiet = false, tty = false, finished = false;
   double train_seconds = 0;
   int64_t timed_steps = 0;
+
+  const model::Decoder& fw() const { return shadow ? shadow->decoder() : *dec; }
+  void sync_shadow() {
+    if (shadow) shadow->refresh();
+  }
 
   std::string path(const std::string& p) const {
     return fs::path(p).is_absolute() ? p : (out / p).string();
@@ -129,13 +149,10 @@ struct Trainer::Impl {
       if (s.trainable && param_group(s.name, s.shape) != ParamGroup::BalancerOwned)
         params.emplace_back(s.name, dec->weights().get(s.name));
     opt.emplace(std::move(params), r.optimizer);
+    if (r.precision == "bf16") shadow.emplace(*dec);
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
-      if (cfg.is_moe_layer(i)) {
-        MYRIAD_CHECK(cfg.myriad.balancer.mode != "aux_loss",
-                     "balancer: aux_loss is not wired into the trainer yet; use quantile, "
-                     "quantile_band, sign or none");
+      if (cfg.is_moe_layer(i))
         bal.emplace(i, Balancer(cfg.myriad.balancer, cfg.num_experts, cfg.num_experts_per_token));
-      }
     use_stage_data(0);
     ckpt.emplace(path(r.checkpoint_dir), r.keep_last);
     if (r.log_jsonl || r.log_html) report.emplace(out.string());
@@ -203,6 +220,8 @@ struct Trainer::Impl {
     s.recipe = r.text;
     s.extra["config"] = dec->config().to_json();
     s.extra["data_dir"] = fs::path(stream_dir).lexically_relative(out).string();
+    s.extra["monitor"] = mon.state();
+    for (const auto& [l, b] : bal) s.extra["balancers"][std::to_string(l)] = b.state();
     return s;
   }
 
@@ -212,8 +231,9 @@ struct Trainer::Impl {
     last_saved = step;
   }
 
-  // Model weights, optimiser and step; the data cursor only when `data` is set (a rollback keeps
-  // reading forward, skipping the window that failed).
+  // Model weights, optimiser and step; the data cursor, monitor and balancer state only when
+  // `data` is set (a rollback keeps reading forward, skipping the window that failed, and keeps
+  // its monitor history: the skips that caused it).
   void restore(const TrainState& s, bool data) {
     NoGradGuard ng;
     for (const auto& [name, t] : s.model) {
@@ -230,6 +250,15 @@ struct Trainer::Impl {
                             fs::path(stream_dir).lexically_relative(out).string();
       if (same) stream->restore(data::TokenStream::State::from_json(s.data_cursor));
     }
+    if (data && s.extra.is_object()) {
+      if (s.extra.contains("monitor")) mon.load_state(s.extra["monitor"]);
+      if (s.extra.contains("balancers"))
+        for (auto& [l, b] : bal) {
+          const std::string key = std::to_string(l);
+          if (s.extra["balancers"].contains(key)) b.load_state(s.extra["balancers"][key]);
+        }
+    }
+    sync_shadow();
     step = s.step;
     last_saved = s.step;
   }
@@ -240,7 +269,7 @@ struct Trainer::Impl {
     double sum = 0;
     for (int64_t i = 0; i < r.heldout_batches; ++i) {
       const data::Batch b = hs.next(sp.batch_size, sp.seq_len);
-      sum += sequence_loss(*dec, b.input_ids, b.labels, sp.segment_len).item();
+      sum += sequence_loss(fw(), b.input_ids, b.labels, sp.segment_len).item();
     }
     return sum / static_cast<double>(r.heldout_batches);
   }
@@ -275,23 +304,41 @@ struct Trainer::Impl {
     const bool poison = pit != r.poison_steps.end();
     if (poison) r.poison_steps.erase(pit);
     opt->zero_grad();
-    double loss_sum = 0;
+    double loss_sum = 0, aux_sum = 0;
     std::map<int64_t, model::RouteStats> sample;
+    const model::Decoder& d = fw();
+    const bool aux_mode = d.config().myriad.balancer.mode == "aux_loss";
+    const int64_t seg = sp.segment_len > 0 && sp.segment_len < sp.seq_len ? sp.segment_len : 0;
+    const int64_t L = seg ? seg : sp.seq_len;
     for (int64_t mb = 0; mb < n_micro; ++mb) {
       const data::Batch b = stream->next(sp.batch_size, sp.seq_len);
-      // The balancers see every segment's routing.
+      double aux_mb = 0;
+      // The balancers see every segment's routing; in aux_loss mode each MoE layer adds its
+      // α n Σ f_j P_j term (per sequence of the segment with aux_scope = "sequence").
       Tensor loss =
-          sequence_loss(*dec, b.input_ids, b.labels, sp.segment_len, sp.detach_state, [&] {
+          sequence_loss(d, b.input_ids, b.labels, sp.segment_len, sp.detach_state, [&]() -> Tensor {
+            Tensor aux;
             for (auto& [l, bl] : bal) {
-              const model::RouteStats& rs = dec->last_route(l);
-              bl.observe(rs.scores_Nn, rs.selected_Nk, dec->selection_bias(l));
-              if (mb == n_micro - 1) sample[l] = rs;
+              const model::RouteStats& rs = d.last_route(l);
+              bl.observe(rs.scores_Nn, rs.selected_Nk, d.selection_bias(l));
+              if (mb == n_micro - 1) sample[l] = {rs.scores_Nn, rs.selected_Nk, {}};
+              if (aux_mode && rs.scores_graph.defined()) {
+                const DType t = rs.scores_graph.dtype() == DType::F64 ? DType::F64 : DType::F32;
+                Tensor a = bl.aux_loss(to_dtype(rs.scores_graph, t), rs.selected_Nk, L);
+                aux = aux.defined() ? ops::add(aux, a) : a;
+              }
             }
+            if (aux.defined())
+              aux_mb += aux.item() * static_cast<double>(L) / static_cast<double>(sp.seq_len);
+            return aux;
           });
       Tensor scaled = ops::mul(loss, 1.0 / static_cast<double>(n_micro));
       if (poison && mb == 0) scaled = ops::mul(scaled, std::numeric_limits<double>::quiet_NaN());
       scaled.backward();
-      loss_sum += poison ? std::numeric_limits<double>::quiet_NaN() : loss.item();
+      if (shadow) shadow->accumulate_grads();
+      // The logged loss is the language-model loss; the auxiliary term is logged as loss/aux.
+      loss_sum += poison ? std::numeric_limits<double>::quiet_NaN() : loss.item() - aux_mb;
+      aux_sum += aux_mb;
     }
     StepStats st;
     st.step = step + 1;
@@ -327,6 +374,7 @@ struct Trainer::Impl {
     }
     ++step;
     std::map<std::string, double> scalars = mon.step(st);
+    if (aux_mode) scalars["loss/aux"] = aux_sum / static_cast<double>(n_micro);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     train_seconds += secs;
     ++timed_steps;
@@ -344,6 +392,7 @@ struct Trainer::Impl {
         std::fprintf(stderr, "trainer: 3 skipped steps but no checkpoint to roll back to\n");
       }
     }
+    sync_shadow();  // the updated master weights and biases (or the rolled-back ones)
     hist.push_back(h);
     if (h.step % r.log_every == 0 || dn != Decision::Apply) {
       scalars["loss"] = st.loss;

@@ -2,7 +2,10 @@
 // built on first use, the decoder, Muon/AdamW with the recipe's schedule, gradient accumulation
 // over micro-batches, one balancer per MoE layer updating the selection bias in place, the §4
 // monitor with skip / rollback, run report and TensorBoard logging, checkpoints (every N steps,
-// at the end, on SIGINT/SIGTERM) with exact resume, and the context stages in order.
+// at the end, on SIGINT/SIGTERM) with exact resume (weights, optimiser, data cursor, monitor and
+// balancer state), and the context stages in order. precision = "bf16" runs forward/backward on a
+// bf16 working copy with fp32 master weights (Bf16Copy); balancer mode aux_loss adds each MoE
+// layer's α n Σ f_j P_j on the router's live scores to the loss (logged as loss/aux).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -73,10 +76,12 @@ class Trainer {
 
   // Mean next-token loss of one micro-batch (ids, labels [B, T]) as the trainer computes it:
   // one pass, or segment_len segments carrying the decode state (detach_state: truncated BPTT).
+  // after_forward runs after each segment's forward; a defined tensor it returns (e.g. the
+  // auxiliary balancing loss) is added to that segment's loss with the same L / T weight.
   static Tensor sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len = 0,
                               bool detach_state = false,
-                              const std::function<void()>& after_forward = {});
+                              const std::function<Tensor()>& after_forward = {});
 
  private:
   struct Impl;

@@ -338,3 +338,32 @@ TEST(Balancer, MicroBatchesGiveTheWholeBatchBias) {
   split.update(bs);
   EXPECT_EQ(ba.to_doubles(), bs.to_doubles());
 }
+
+// state() / load_state() carry the last bias, the update count (sign's freeze_after), the
+// histogram range and the step's accumulators: a balancer restored mid-step updates exactly as
+// the original.
+TEST(Balancer, StateRoundTripContinuesExactly) {
+  for (const std::string m : {"quantile", "sign"}) {
+    SCOPED_TRACE(m);
+    BalancerConfig c = mode(m);
+    c.freeze_after = 3;
+    Balancer a(c, kN, kK);
+    Tensor ba = Tensor::zeros({kN});
+    for (int s = 0; s < 2; ++s) qb_step(a, skewed_scores(512, 10 + s), ba);
+    const Tensor s2 = skewed_scores(512, 20);
+    a.observe(s2, train::route_topk(s2, ba, kK), ba);  // mid-step: accumulators in use
+    Balancer b(c, kN, kK);
+    b.load_state(nlohmann::json::parse(a.state().dump()));
+    EXPECT_EQ(b.state(), a.state());
+    Tensor bb = ba.clone();
+    for (int s = 0; s < 3; ++s) {
+      a.update(ba);
+      b.update(bb);
+      EXPECT_EQ(ba.to_doubles(), bb.to_doubles()) << "update " << s;
+      const Tensor sc = skewed_scores(512, 30 + s);
+      a.observe(sc, train::route_topk(sc, ba, kK), ba);
+      b.observe(sc, train::route_topk(sc, bb, kK), bb);
+    }
+    EXPECT_EQ(a.updates(), b.updates());
+  }
+}

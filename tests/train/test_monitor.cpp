@@ -160,3 +160,31 @@ TEST(Monitor, RejectsBadInput) {
   EXPECT_THROW(mon.step(s), std::exception);
   EXPECT_THROW(mon.probe(0, Tensor::zeros({4}, DType::I64)), std::exception);
 }
+
+// state() / load_state(): a monitor restored from JSON (as a checkpoint carries it) reports
+// exactly what the original does on the following steps, spikes, windows and probes included.
+TEST(Monitor, StateRoundTripContinuesExactly) {
+  auto feed = [](Monitor& m, int64_t from, int64_t to) {
+    std::vector<std::map<std::string, double>> out;
+    for (int64_t t = from; t < to; ++t) {
+      StepStats s = stats(t, 3.0 - 0.01 * t + (t == 12 ? 2.0 : 0.0), 1.0 + 0.1 * (t % 3));
+      s.group_norms["router"] = 0.1 * (1 + t % 2);
+      s.layers.push_back(layer(1, {t % 4 == 0 ? 0 : 10, 5, 3, 14}, 16, 2));
+      m.decide(s.loss, s.grad_norm);
+      m.probe(1, Tensor::from_ints(std::vector<int64_t>{t % 4, 1, 2, 3}, {2, 2}));
+      out.push_back(m.step(s));
+    }
+    return out;
+  };
+  Monitor a(8), b(8);
+  feed(a, 0, 20);
+  const auto head = feed(b, 0, 10);
+  Monitor c(100);  // the window comes from the state
+  c.load_state(nlohmann::json::parse(b.state().dump()));
+  EXPECT_EQ(c.state(), b.state());
+  const auto want = feed(b, 10, 20), got = feed(c, 10, 20);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(c.state(), a.state());
+  EXPECT_EQ(c.spikes().size(), a.spikes().size());
+  EXPECT_GE(a.spikes().size(), 1u);
+}

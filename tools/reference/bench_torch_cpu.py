@@ -17,6 +17,8 @@ fla and causal_conv1d are hidden, so transformers runs its own torch-only paths:
 the script prints which KDA function and which experts / attention implementations actually ran.
 --threads defaults to $OMP_NUM_THREADS (torch.set_num_threads and set_num_interop_threads).
 --profile times each layer type's forward + backward on its own, as bench_model --profile=1 does.
+--adamw makes each step a full optimiser step (clip_grad_norm_ 1.0 + torch.optim.AdamW, its
+default foreach implementation), as bench_model --adamw=1 does.
 
 Dependencies: as make_fixtures.py, runs as is when transformers matches requirements.txt;
 otherwise re-runs itself in the virtualenv $MYRIAD_REF_VENV (default tools/reference/.venv),
@@ -192,6 +194,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "0") or 0))
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--adamw", action="store_true",
+                    help="full optimiser steps: clip_grad_norm_(1.0) + AdamW(lr 1e-3, betas 0.9/0.95, "
+                         "eps 1e-8, weight decay 0.1), as bench_model --adamw=1; loss= is then the "
+                         "first step's loss (before any update), loss_last= the last step's")
     args = ap.parse_args()
 
     if args.threads > 0:
@@ -216,13 +222,21 @@ def main():
           f"{torch.get_num_threads()} threads, float32, {n_params / 1e6:.2f}M params, B={args.B} T={args.T}")
     print(f"  KDA: {kda_path()}; experts: {cfg._experts_implementation}; attention: {cfg._attn_implementation}")
 
-    times, loss = [], 0.0
+    opt = None
+    if args.adamw:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    times, loss, first_loss = [], 0.0, 0.0
     for s in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         model.zero_grad(set_to_none=True)
         out = model(input_ids=ids, labels=ids, use_cache=False)
         out.loss.backward()
+        if opt is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
         loss = out.loss.item()
+        if s == 0:
+            first_loss = loss
         dt = time.perf_counter() - t0
         if s >= args.warmup:
             times.append(dt)
@@ -234,7 +248,8 @@ def main():
         profile(model, ids, step_s)
     print(f"RESULT torch tokens_per_s={n_tok / step_s:.1f} step_ms={1e3 * step_s:.2f} "
           f"step_min_ms={1e3 * min(times):.2f} B={args.B} T={args.T} steps={args.steps} "
-          f"threads={torch.get_num_threads()} loss={loss:.6f}")
+          f"threads={torch.get_num_threads()} loss={first_loss if opt else loss:.6f} loss_last={loss:.6f} "
+          f"optimizer={'adamw' if opt else 'none'}")
 
 
 if __name__ == "__main__":
