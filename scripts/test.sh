@@ -21,6 +21,9 @@ echo "== TensorBoard's own reader on Myriad's event files =="
 # check_tfevents.py installs the tensorboard package into tools/reference/.venv when needed.
 MYRIAD_TB_CHECK_PYTHON=python3 build/release/test_train --gtest_filter='Events.*'
 
+echo "== planner memory prediction vs measured training peaks (within 15%) =="
+scripts/check_plan_memory.sh
+
 if [ "${MYRIAD_SKIP_ASAN:-0}" != 1 ]; then
   echo "== AddressSanitizer + UBSan build =="
   cmake --preset debug-asan >/dev/null
