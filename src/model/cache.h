@@ -5,6 +5,8 @@
 // A fresh cache is empty; Decoder::forward fills and extends it.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -17,11 +19,33 @@ struct KdaState {
   Tensor S_BHKV;    // [B, H, d_k, d_v] f32
 };
 
+// Paged latent storage for one sequence and MLA layer (set up by the inference engine; B = 1):
+// fixed-size pages [block_tokens, r_kv + d_pe] taken from the engine's pool, listed oldest first
+// in the block table. With max_pages > 0 it is a sliding window: when the table is full the
+// oldest page is reused for the newest tokens (MlaLayer attends over the kept pages plus the
+// tokens of the current call, so every query sees at least the last (max_pages - 1) pages).
+struct LatentPages {
+  int64_t block_tokens = 0;
+  int64_t max_pages = 0;      // 0: unlimited
+  int64_t group_pages = 16;   // pages per attention call (at most this many copied into one view)
+  std::vector<Tensor> table;  // the block table
+  int64_t length = 0;         // tokens held in the table
+  int64_t dropped = 0;        // tokens that slid out of the window
+  std::function<Tensor()> alloc;  // a fresh page from the pool
+  // Appends lat [1, T, C] (the oldest pages recycled when the window is full).
+  void append(const Tensor& lat_1TC);
+  // The held latents, oldest first, as one [1, length, C] tensor (a copy); undefined when empty.
+  Tensor gather() const;
+};
+
 struct MlaState {
   // [B, S, r_kv + d_pe]; k^pe stored already rotated under RoPE. With the admission gate: the
   // window, the last min(W, tokens) latents (a ring buffer of W, kept in order).
   Tensor latent_BSC;
-  int64_t length() const { return latent_BSC.defined() ? latent_BSC.size(1) : 0; }
+  std::shared_ptr<LatentPages> pages;  // when set: the latents live there, not in latent_BSC
+  int64_t length() const {
+    return pages ? pages->length : latent_BSC.defined() ? latent_BSC.size(1) : 0;
+  }
   // Admission gate only. Gates and log-gates are f32 (f64 for f64 models).
   Tensor window_gate_BS;    // a_j of the window's keys, decided on when they leave it
   Tensor admitted_BNC;      // latents admitted to the long-term cache (a_j >= tau_adm)

@@ -83,8 +83,21 @@ Decoder Decoder::random(const ModelConfig& c, uint64_t seed, DType dtype) {
   return Decoder(c, Weights::init(param_specs(c), seed, c.initializer_range, dtype));
 }
 
-Tensor Decoder::attn(int64_t i, const Tensor& x_BTD, DecodeCache* cache, Tensor* gate_BT) const {
+Tensor Decoder::attn(int64_t i, const Tensor& x_BTD, const std::vector<DecodeCache*>& caches,
+                     Tensor* gate_BT) const {
   const Layer& l = layers_[i];
+  if (caches.size() > 1) {  // batched decode: row n belongs to caches[n]
+    if (l.kda) {
+      std::vector<KdaState*> st;
+      for (DecodeCache* c : caches) st.push_back(&c->kda[i]);
+      return l.kda->forward_batch(x_BTD, st);
+    }
+    std::vector<MlaState*> st;
+    std::vector<int64_t> pos;
+    for (DecodeCache* c : caches) st.push_back(&c->mla[i]), pos.push_back(c->position);
+    return l.mla->forward_batch(x_BTD, st, pos, gate_BT);
+  }
+  DecodeCache* cache = caches.empty() ? nullptr : caches[0];
   if (l.kda) return l.kda->forward(x_BTD, cache ? &cache->kda[i] : nullptr);
   return l.mla->forward(x_BTD, cache ? &cache->mla[i] : nullptr, cache ? cache->position : 0,
                         gate_BT);
@@ -112,25 +125,55 @@ Tensor Decoder::ffn(int64_t i, const Tensor& x_BTD) const {
 }
 
 ForwardOutput Decoder::forward(const Tensor& ids_BT, DecodeCache* cache, ForwardOptions opt) const {
+  return forward_impl(ids_BT,
+                      cache ? std::vector<DecodeCache*>{cache} : std::vector<DecodeCache*>{}, opt);
+}
+
+ForwardOutput Decoder::forward_batch(const Tensor& ids_N1, const std::vector<DecodeCache*>& caches,
+                                     ForwardOptions opt) const {
+  MYRIAD_CHECK(ids_N1.dim() == 2 && ids_N1.size(1) == 1 &&
+                   ids_N1.size(0) == static_cast<int64_t>(caches.size()) && !caches.empty(),
+               "model: a batched decode step takes ids [N, 1] and N caches, got ", ids_N1.desc(),
+               " and ", caches.size(), " caches");
+  for (const DecodeCache* k : caches)
+    MYRIAD_CHECK(k && k->position > 0, "model: a batched decode step needs prefilled caches");
+  return forward_impl(ids_N1, caches, opt);
+}
+
+ForwardOutput Decoder::forward_impl(const Tensor& ids_BT, const std::vector<DecodeCache*>& caches,
+                                    ForwardOptions opt) const {
   const ModelConfig& c = config_;
   MYRIAD_CHECK(ids_BT.dim() == 2 && ids_BT.size(1) >= 1, "model: input_ids must be [B, T], got ",
                ids_BT.desc());
-  MYRIAD_CHECK(!cache || static_cast<int64_t>(cache->kda.size()) == c.num_hidden_layers,
-               "model: the cache was made for another model");
+  for (const DecodeCache* k : caches)
+    MYRIAD_CHECK(static_cast<int64_t>(k->kda.size()) == c.num_hidden_layers,
+                 "model: the cache was made for another model");
   const double eps = c.rms_norm_eps;
   ForwardOutput out;
   Tensor h = ops::embedding(w("model.embed_tokens.weight"), ids_BT);
   auto keep = [&](std::vector<Tensor>& v, const Tensor& t) {
     if (opt.record) v.push_back(t);
   };
-  // Layer i's attention sublayer on stream input X (normalised: xn), with the carry of §12.1:
+  // Layer i's attention sublayer on stream input X (normalised by `norm`), with the carry of §12.1:
   // Â replaces A wherever the output is consumed.
   const bool carry_on = c.myriad.residual.attn_carry != "none";
   Tensor carried;  // Â of the previous layer
   std::vector<Tensor> gates;
-  auto attend = [&](int64_t i, const Tensor& X, const Tensor& xn) {
-    Tensor gate;
-    Tensor a = attn(i, xn, cache, &gate);
+  // With opt.recompute a sublayer keeps only its input and runs again in the backward pass; its
+  // closure holds copies, as it outlives this call. A cached attention sublayer extends its cache
+  // and a gated MLA one returns its gate besides, so those are never wrapped.
+  const bool adm = c.myriad.admission.enabled;
+  auto attend = [&](int64_t i, const Tensor& X, const std::string& norm) {
+    Tensor gate, a;
+    if (opt.recompute && caches.empty() && !adm)
+      a = recompute(
+          "attention sublayer",
+          [this, i, norm, eps](const Tensor& x) {
+            return attn(i, ops::rms_norm(x, w(norm), eps), {}, nullptr);
+          },
+          X);
+    else
+      a = attn(i, ops::rms_norm(X, w(norm), eps), caches, &gate);
     if (gate.defined()) gates.push_back(gate);
     keep(out.attn_out, a);
     if (carry_on) {
@@ -139,12 +182,18 @@ ForwardOutput Decoder::forward(const Tensor& ids_BT, DecodeCache* cache, Forward
     }
     return a;
   };
+  auto sublayer_ffn = [&](int64_t i, const Tensor& X, const std::string& norm) {
+    auto fn = [this, i, norm, eps](const Tensor& x) {
+      return ffn(i, ops::rms_norm(x, w(norm), eps));
+    };
+    return opt.recompute ? recompute("ffn sublayer", fn, X) : fn(X);
+  };
   if (!c.uses_attn_res()) {
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       const std::string p = layer_prefix(i);
-      Tensor a = attend(i, h, ops::rms_norm(h, w(p + "input_layernorm.weight"), eps));
+      Tensor a = attend(i, h, p + "input_layernorm.weight");
       h = ops::add(h, a);
-      Tensor f = ffn(i, ops::rms_norm(h, w(p + "post_attention_layernorm.weight"), eps));
+      Tensor f = sublayer_ffn(i, h, p + "post_attention_layernorm.weight");
       h = ops::add(h, f);
       keep(out.ffn_out, f), keep(out.hidden, h);
     }
@@ -164,10 +213,10 @@ ForwardOutput Decoder::forward(const Tensor& ids_BT, DecodeCache* cache, Forward
       Tensor X = blocks.empty() ? P : mix(p + "self_attention_res_", P);
       bool fresh = false;
       if (i % S == 0) blocks.push_back(P), fresh = true;
-      Tensor a = attend(i, X, ops::rms_norm(X, w(p + "input_layernorm.weight"), eps));
+      Tensor a = attend(i, X, p + "input_layernorm.weight");
       P = fresh ? a : ops::add(P, a);
       X = mix(p + "mlp_res_", P);
-      Tensor f = ffn(i, ops::rms_norm(X, w(p + "post_attention_layernorm.weight"), eps));
+      Tensor f = sublayer_ffn(i, X, p + "post_attention_layernorm.weight");
       P = ops::add(P, f);
       keep(out.ffn_out, f), keep(out.hidden, P);
     }
@@ -179,7 +228,7 @@ ForwardOutput Decoder::forward(const Tensor& ids_BT, DecodeCache* cache, Forward
     out.admission_rate = ops::mul(sum, 1.0 / static_cast<double>(gates.size()));
     out.admission_loss = admission_regulariser(c, out.admission_rate);
   }
-  if (cache) cache->position += ids_BT.size(1);
+  for (DecodeCache* k : caches) k->position += ids_BT.size(1);
   out.normed_BTD = ops::rms_norm(h, w("model.norm.weight"), eps);
   if (opt.logits) out.logits_BTV = ops::linear(out.normed_BTD, w("lm_head.weight"));
   return out;

@@ -24,6 +24,11 @@ namespace myriad::model {
 struct ForwardOptions {
   bool logits = true;   // compute [B, T, V] logits (the loss needs only the normed hidden)
   bool record = false;  // keep the per-layer tensors below
+  // Activation recomputation (training long sequences): each FFN / MoE sublayer, and each
+  // attention sublayer of an uncached forward, keeps only its input and runs again in the backward
+  // pass (core recompute()). Gradients are unchanged. Not with auxiliary router losses, which
+  // need the router's graph after the forward.
+  bool recompute = false;
 };
 
 struct ForwardOutput {
@@ -56,6 +61,11 @@ class Decoder {
   // ids [B, T] (i32/i64). With a cache, continues from it and extends it.
   ForwardOutput forward(const Tensor& ids_BT, DecodeCache* cache = nullptr,
                         ForwardOptions opt = {}) const;
+  // One batched decode step: ids [N, 1], row n the next token of the sequence whose (prefilled)
+  // cache is caches[n]. Everything but the attention runs over the N rows at once; each row
+  // attends over its own cache. Row n gets what forward(ids[n], caches[n]) gives.
+  ForwardOutput forward_batch(const Tensor& ids_N1, const std::vector<DecodeCache*>& caches,
+                              ForwardOptions opt = {}) const;
   // Mean next-token cross-entropy: position t is scored against ids[t+1]; the last is ignored.
   Tensor loss(const Tensor& ids_BT) const;
 
@@ -79,7 +89,10 @@ class Decoder {
     std::optional<DenseFfn> dense;
     std::optional<Moe> moe;
   };
-  Tensor attn(int64_t i, const Tensor& x_BTD, DecodeCache* cache, Tensor* gate_BT) const;
+  ForwardOutput forward_impl(const Tensor& ids_BT, const std::vector<DecodeCache*>& caches,
+                             ForwardOptions opt) const;
+  Tensor attn(int64_t i, const Tensor& x_BTD, const std::vector<DecodeCache*>& caches,
+              Tensor* gate_BT) const;
   // γ ⊙ Â_prev for layer i > 0 whose attention sublayer takes the stream input x (§12.1).
   Tensor carry(int64_t i, const Tensor& x_BTD, const Tensor& prev) const;
   Tensor ffn(int64_t i, const Tensor& x_BTD) const;

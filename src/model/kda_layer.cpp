@@ -1,5 +1,6 @@
 #include "model/kda_layer.h"
 
+#include "core/error.h"
 #include "ops/ops.h"
 
 namespace myriad::model {
@@ -77,6 +78,26 @@ Tensor KdaLayer::forward(const Tensor& x_BTD, KdaState* state) const {
   Tensor o = ops::mul(ops::rms_norm(r.o, w("o_norm.weight"), eps_),
                       ops::sigmoid(ops::reshape(gate, heads)));
   return ops::linear(ops::reshape(o, {B, T, P}), w("o_proj.weight"));
+}
+
+Tensor KdaLayer::forward_batch(const Tensor& x_N1D, const std::vector<KdaState*>& states) const {
+  const int64_t N = x_N1D.size(0);
+  MYRIAD_CHECK(x_N1D.dim() == 3 && x_N1D.size(1) == 1 && static_cast<int64_t>(states.size()) == N,
+               "kda: a batched decode step takes x [N, 1, d] and N states, got ", x_N1D.desc(),
+               " and ", states.size(), " states");
+  std::vector<Tensor> conv, S;
+  for (const KdaState* s : states) {
+    MYRIAD_CHECK(s && s->conv_BCK.defined() && s->S_BHKV.defined(),
+                 "kda: a batched decode step needs prefilled states");
+    conv.push_back(s->conv_BCK), S.push_back(s->S_BHKV);
+  }
+  KdaState all{ops::concat(conv, 0), ops::concat(S, 0)};
+  Tensor y = forward(x_N1D, &all);
+  for (int64_t n = 0; n < N; ++n) {
+    states[n]->conv_BCK = ops::contiguous(ops::slice(all.conv_BCK, 0, n, n + 1));
+    states[n]->S_BHKV = ops::contiguous(ops::slice(all.S_BHKV, 0, n, n + 1));
+  }
+  return y;
 }
 
 }  // namespace myriad::model

@@ -19,6 +19,9 @@ class KdaLayer {
   // x [B, T, d] (after the pre-norm) -> [B, T, d]. With a state, continues from it and updates
   // it (a single token runs the recurrent step); without, starts from zeros.
   Tensor forward(const Tensor& x_BTD, KdaState* state = nullptr) const;
+  // Batched decode: x [N, 1, d], one token of each of N sequences with its own (non-empty)
+  // state: the states are stacked along B for one recurrent step, then handed back.
+  Tensor forward_batch(const Tensor& x_N1D, const std::vector<KdaState*>& states) const;
 
  private:
   const Tensor& w(const char* name) const { return w_->get(prefix_ + name); }

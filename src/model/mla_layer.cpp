@@ -212,17 +212,20 @@ Tensor MlaLayer::admitted_attention(const Tensor& qa, const Tensor& lat, const T
   return oc;
 }
 
-Tensor MlaLayer::rotate(const Tensor& x, int64_t pos0) const {
-  const int64_t T = x.size(1), half = dr_ / 2;
+Tensor MlaLayer::rotate(const Tensor& x, int64_t pos0, const std::vector<int64_t>& row_pos) const {
+  const bool rows = !row_pos.empty();  // then T = 1 and the table runs over B
+  const int64_t T = rows ? static_cast<int64_t>(row_pos.size()) : x.size(1), half = dr_ / 2;
   std::vector<double> cs(T * half), sn(T * half);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < half; ++i) {
       // The angle is formed in f32, as transformers does.
-      const float ang = static_cast<float>(pos0 + t) * static_cast<float>(rope_.inv_freq[i]);
+      const int64_t pos = rows ? row_pos[t] : pos0 + t;
+      const float ang = static_cast<float>(pos) * static_cast<float>(rope_.inv_freq[i]);
       cs[t * half + i] = std::cos(static_cast<double>(ang)) * rope_.attention_factor;
       sn[t * half + i] = std::sin(static_cast<double>(ang)) * rope_.attention_factor;
     }
   Shape tab = x.dim() == 4 ? Shape{T, 1, half} : Shape{T, half};
+  if (rows) tab.insert(tab.begin() + 1, 1);  // [B, 1, (1,) half]
   Tensor cos = Tensor::from_doubles(cs, tab, x.dtype(), x.device());
   Tensor sin = Tensor::from_doubles(sn, tab, x.dtype(), x.device());
   Tensor a, b;
@@ -244,7 +247,89 @@ Tensor MlaLayer::rotate(const Tensor& x, int64_t pos0) const {
 
 Tensor MlaLayer::forward(const Tensor& x_BTD, MlaState* state, int64_t pos0,
                          Tensor* gate_BT) const {
+  return forward_impl(x_BTD, state ? std::vector<MlaState*>{state} : std::vector<MlaState*>{},
+                      {pos0}, gate_BT);
+}
+
+Tensor MlaLayer::forward_batch(const Tensor& x_N1D, const std::vector<MlaState*>& states,
+                               const std::vector<int64_t>& pos, Tensor* gate_N1) const {
+  const int64_t N = x_N1D.size(0);
+  MYRIAD_CHECK(x_N1D.dim() == 3 && x_N1D.size(1) == 1 && static_cast<int64_t>(states.size()) == N &&
+                   static_cast<int64_t>(pos.size()) == N,
+               "mla: a batched decode step takes x [N, 1, d] and N states and positions, got ",
+               x_N1D.desc(), ", ", states.size(), " states, ", pos.size(), " positions");
+  for (const MlaState* s : states) MYRIAD_CHECK(s, "mla: a batched decode step needs every state");
+  return forward_impl(x_N1D, states, pos, gate_N1);
+}
+
+Tensor MlaLayer::paged_attention(const Tensor& qa, const LatentPages& pg, int64_t S0) const {
+  const int64_t bt = pg.block_tokens;
+  const int64_t G = std::max<int64_t>(1, pg.group_pages);
+  const Device dev = qa.device();
+  const DType t = qa.dtype(), st = t == DType::F64 ? DType::F64 : DType::F32;
+  MYRIAD_CHECK(!needs_grad({&qa}), "mla: paged caches are for inference (no autograd)");
+  const Tensor q = qa.strides().back() == 1 ? qa : qa.contiguous();
+  Tensor acc, den, m;  // Σ e^{lse_g - m} out_g, Σ e^{lse_g - m}, the running max m
+  for (int64_t k0 = 0; k0 * bt < pg.length; k0 += G) {
+    // Pages [k0, k0 + G) as one [1, 1, n, r + dr] key view (a copy when more than one page);
+    // values are its first r channels. Query i sits at table position S0 + i.
+    std::vector<Tensor> parts;
+    int64_t n = 0;
+    for (int64_t k = k0; k < k0 + G && k * bt < pg.length; ++k) {
+      const int64_t len = std::min(bt, pg.length - k * bt);
+      parts.push_back(ops::slice(pg.table[k], 0, 0, len)), n += len;
+    }
+    Tensor kc =
+        ops::reshape(parts.size() == 1 ? parts[0] : ops::concat(parts, 0), {1, 1, n, r_ + dr_});
+    Tensor lse;
+    Tensor out =
+        ops::attention(q, kc, ops::slice(kc, -1, 0, r_), tau_, true, S0 - k0 * bt, {}, 0, &lse);
+    if (k0 + G >= static_cast<int64_t>(pg.table.size()) && !acc.defined()) return out;  // one group
+    out = out.to(st);
+    if (!acc.defined()) {
+      acc = out, m = lse, den = Tensor::ones(lse.shape(), st, dev);
+      continue;
+    }
+    // Log-sum-exp merge. The first group holds position 0, which every query sees, so m is
+    // finite; a group a query does not see has lse -inf and weight 0.
+    Tensor mn = ops::maximum(m, lse);
+    Tensor a = ops::exp(ops::sub(m, mn)), b = ops::exp(ops::sub(lse, mn));
+    acc = ops::add(ops::mul(acc, ops::unsqueeze(a, -1)), ops::mul(out, ops::unsqueeze(b, -1)));
+    den = ops::add(ops::mul(den, a), b), m = mn;
+  }
+  return ops::div(acc, ops::unsqueeze(den, -1)).to(t);
+}
+
+Tensor MlaLayer::cached_attention(const Tensor& qa, const Tensor& lat, const Tensor& a_BT,
+                                  MlaState& st) const {
+  if (adm_) return admitted_attention(qa, lat, a_BT, st);
+  const int64_t S0 = st.length();
+  Tensor keys;
+  // Paged: store the new latents, then attend over the pages in groups, merged by log-sum-exp.
+  // A sliding window instead attends over [held pages ; new latents] before storing, since
+  // storing may recycle pages the new queries still see.
+  if (st.pages && st.pages->max_pages == 0) {
+    st.pages->append(lat);
+    return paged_attention(qa, *st.pages, S0);
+  }
+  if (st.pages) {
+    keys = S0 ? ops::concat({st.pages->gather(), lat}, 1) : lat;
+    st.pages->append(lat);
+  } else {
+    keys = st.latent_BSC = S0 ? ops::concat({st.latent_BSC, lat}, 1) : lat;
+  }
+  Tensor kc = ops::unsqueeze(keys, 1);  // [B, 1, S, r + dr]
+  return ops::attention(qa, kc, ops::slice(kc, -1, 0, r_), tau_, true, S0);
+}
+
+Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>& states,
+                              const std::vector<int64_t>& pos, Tensor* gate_BT) const {
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1);
+  const bool batched = states.size() > 1;  // row b has states[b] and position pos[b]
+  MlaState* state = states.empty() ? nullptr : states[0];
+  const int64_t pos0 = pos[0];
+  const std::vector<int64_t> no_rows;
+  const std::vector<int64_t>& row_pos = batched ? pos : no_rows;
   Tensor q = q_lora_ ? ops::linear(ops::rms_norm(ops::linear(x_BTD, w("q_a_proj.weight")),
                                                  w("q_a_layernorm.weight"), kLoraNormEps),
                                    w("q_b_proj.weight"))
@@ -258,12 +343,19 @@ Tensor MlaLayer::forward(const Tensor& x_BTD, MlaState* state, int64_t pos0,
     q_nope = qs[0], q_pe = qs[1];
     auto ks = ops::split(kva, {r_, dr_}, -1);
     c_BTR = ks[0], k_pe = ks[1];
-    if (rope_on_) q_pe = rotate(q_pe, pos0), k_pe = rotate(k_pe, pos0);
+    if (rope_on_) q_pe = rotate(q_pe, pos0, row_pos), k_pe = rotate(k_pe, pos0, row_pos);
   }
   c_BTR = ops::rms_norm(c_BTR, w("kv_a_layernorm.weight"), kLoraNormEps);
   Tensor W_HDR = ops::reshape(w("kv_b_proj.weight"), {H_, dn_ + dv_, r_});
   Tensor o_BTO, a_BT;
-  if (adm_) a_BT = admission_gate(x_BTD, c_BTR, state);
+  if (adm_ && !batched) a_BT = admission_gate(x_BTD, c_BTR, state);
+  if (adm_ && batched) {  // each row's prefix mean continues from its own state
+    std::vector<Tensor> rows;
+    for (int64_t b = 0; b < B; ++b)
+      rows.push_back(admission_gate(ops::slice(x_BTD, 0, b, b + 1), ops::slice(c_BTR, 0, b, b + 1),
+                                    states[b]));
+    a_BT = ops::concat(rows, 0);
+  }
   if (gate_BT) *gate_BT = a_BT;
   if (!state) {
     // MHA mode: per-head keys [k^nope ; k^pe] and values from the expanded latents.
@@ -285,7 +377,6 @@ Tensor MlaLayer::forward(const Tensor& x_BTD, MlaState* state, int64_t pos0,
     o_BTO = ops::reshape(ops::permute(o, {0, 2, 1, 3}), {B, T, H_ * dv_});
   } else {
     // MQA (absorbed) mode over the latent cache.
-    const int64_t S0 = state->length();
     Tensor lat = dr_ > 0 ? ops::concat({c_BTR, k_pe}, -1) : c_BTR;
     auto wk = ops::split(W_HDR, {dn_, dv_}, 1);  // W^UK [H, dn, r], W^UV [H, dv, r]
     Tensor qn_HNd = ops::reshape(ops::permute(q_nope, {2, 0, 1, 3}), {H_, B * T, dn_});
@@ -293,12 +384,15 @@ Tensor MlaLayer::forward(const Tensor& x_BTD, MlaState* state, int64_t pos0,
     Tensor qa = ops::permute(ops::reshape(qt, {H_, B, T, r_}), {1, 0, 2, 3});
     if (dr_ > 0) qa = ops::concat({qa, ops::permute(q_pe, {0, 2, 1, 3})}, -1);
     Tensor oc;  // [B, H, T, r]
-    if (adm_) {
-      oc = admitted_attention(qa, lat, a_BT, *state);
-    } else {
-      state->latent_BSC = S0 ? ops::concat({state->latent_BSC, lat}, 1) : lat;
-      Tensor kc = ops::unsqueeze(state->latent_BSC, 1);  // [B, 1, S, r + dr]
-      oc = ops::attention(qa, kc, ops::slice(kc, -1, 0, r_), tau_, true, S0);
+    if (!batched) {
+      oc = cached_attention(qa, lat, a_BT, *state);
+    } else {  // each row over its own cache
+      std::vector<Tensor> rows;
+      for (int64_t b = 0; b < B; ++b) {
+        auto row = [&](const Tensor& t) { return t.defined() ? ops::slice(t, 0, b, b + 1) : t; };
+        rows.push_back(cached_attention(row(qa), row(lat), row(a_BT), *states[b]));
+      }
+      oc = ops::concat(rows, 0);
     }
     Tensor oc_HNr = ops::reshape(ops::permute(oc, {1, 0, 2, 3}), {H_, B * T, r_});
     Tensor o = ops::bmm(oc_HNr, ops::contiguous(ops::transpose(wk[1], 1, 2)));  // [H, B*T, dv]

@@ -35,6 +35,11 @@ class MlaLayer {
   // admission gate on, `gate_BT` (when given) receives a_t [B, T] (differentiable).
   Tensor forward(const Tensor& x_BTD, MlaState* state = nullptr, int64_t pos0 = 0,
                  Tensor* gate_BT = nullptr) const;
+  // Batched decode: x [N, 1, d] holds one token of each of N sequences, row n at absolute
+  // position pos[n] with its own state. Projections run over all rows at once; each row attends
+  // over its own cache. Gives each row what forward(x[n], states[n], pos[n]) gives.
+  Tensor forward_batch(const Tensor& x_N1D, const std::vector<MlaState*>& states,
+                       const std::vector<int64_t>& pos, Tensor* gate_N1 = nullptr) const;
   // The admission gate a [B, T] (f32, f64 for f64 inputs) for sublayer input x and normalised
   // latents ĉ; with a state, the prefix mean continues from its running sum, which it extends.
   Tensor admission_gate(const Tensor& x_BTD, const Tensor& c_BTR, MlaState* state) const;
@@ -42,7 +47,18 @@ class MlaLayer {
 
  private:
   const Tensor& w(const char* name) const { return w_->get(prefix_ + name); }
-  Tensor rotate(const Tensor& x, int64_t pos0) const;  // x [B, T, (H,) d_pe]
+  // x [B, T, (H,) d_pe] at positions pos0 + t, or (row_pos given, T = 1) row b at row_pos[b].
+  Tensor rotate(const Tensor& x, int64_t pos0, const std::vector<int64_t>& row_pos = {}) const;
+  Tensor forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>& states,
+                      const std::vector<int64_t>& pos, Tensor* gate_BT) const;
+  // Absorbed attention of queries qa [B, H, T, r + dr] over the state's cache extended by the
+  // new latents lat [B, T, r + dr] (which it then holds) -> [B, H, T, r].
+  Tensor cached_attention(const Tensor& qa, const Tensor& lat, const Tensor& a_BT,
+                          MlaState& st) const;
+  // qa [B, H, T, r + dr] at table positions S0.. over every page of pg (which already holds
+  // them), group_pages pages per call, merged by log-sum-exp -> [B, H, T, r]. Calls the
+  // attention kernel directly for its logsumexp (ops::attention does not return it).
+  Tensor paged_attention(const Tensor& qa, const LatentPages& pg, int64_t S0) const;
   // The absorbed attention over the admission cache (hard rule), which it then updates.
   Tensor admitted_attention(const Tensor& qa, const Tensor& lat_BTC, const Tensor& gate_BT,
                             MlaState& st) const;

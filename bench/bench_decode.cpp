@@ -1,0 +1,251 @@
+// Inference-engine figures (docs/PERFORMANCE.md "Inference engine"), printed, not asserted:
+//  1. decode tokens/s through the Engine at batch 1 and 16 (greedy, context --ctx tokens of
+//     prompt) for the hybrid preset and the same model with every layer MLA, side by side;
+//  2. cache bytes per sequence at 1K, 16K and 128K tokens for both (computed from the config, as
+//     the engine reserves them: KDA state f32 + whole MLA pages; measured after prefill where
+//     --measure_ctx allows);
+//  3. peak RSS while a small model reads a long input segment by segment through the engine:
+//     a KDA-only model up to --long tokens (RSS at every doubling from 64K), and the hybrid
+//     with a sliding MLA window (a small budget) up to --long_mla tokens.
+//
+//   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE bench_decode [--medium=1] [--ctx=1024] [--new=32]
+//   [--measure_ctx=16384]
+//                                  [--long=1048576] [--long_mla=262144] [--chunk=4096]
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "core/autograd.h"
+#include "data/corpus.h"
+#include "infer/engine.h"
+#include "model/decoder.h"
+
+namespace myriad::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// VmRSS and VmHWM (peak) of this process, in MiB.
+std::pair<double, double> rss_mib() {
+  std::ifstream f("/proc/self/status");
+  std::string k;
+  double rss = 0, hwm = 0;
+  while (f >> k) {
+    if (k == "VmRSS:") f >> rss;
+    if (k == "VmHWM:") f >> hwm;
+  }
+  return {rss / 1024, hwm / 1024};
+}
+
+model::ModelConfig all_mla(model::ModelConfig c) {
+  c.linear_attn_config.kda_layers.clear();
+  c.linear_attn_config.full_attn_layers.clear();
+  for (int64_t l = 1; l <= c.num_hidden_layers; ++l)
+    c.linear_attn_config.full_attn_layers.push_back(l);
+  c.validate();
+  return c;
+}
+
+model::ModelConfig all_kda(model::ModelConfig c) {
+  c.linear_attn_config.full_attn_layers.clear();
+  c.linear_attn_config.kda_layers.clear();
+  for (int64_t l = 1; l <= c.num_hidden_layers; ++l) c.linear_attn_config.kda_layers.push_back(l);
+  c.validate();
+  return c;
+}
+
+std::vector<int32_t> prompt(int64_t n, int64_t V, int salt) {
+  std::vector<int32_t> p;
+  for (int64_t i = 0; i < n; ++i)
+    p.push_back(static_cast<int32_t>(4 + (i * 7919 + salt * 131) % (V - 4)));
+  return p;
+}
+
+// Decode tokens/s of `batch` concurrent greedy requests, timed after every one has its first
+// token (so only decode steps are in the window).
+double decode_rate(infer::Engine& e, int64_t V, int64_t ctx, int64_t batch, int64_t new_tokens) {
+  std::mutex mu;
+  int64_t started = 0, tokens = 0, at_t1 = 0, finished = 0;
+  Clock::time_point t1, t2;
+  std::promise<void> done;
+  for (int64_t b = 0; b < batch; ++b) {
+    infer::Request r;
+    r.prompt = prompt(ctx, V, static_cast<int>(b));
+    r.params.temperature = 0, r.params.ignore_eos = true, r.params.max_tokens = new_tokens;
+    auto first = std::make_shared<bool>(true);
+    e.submit(r, [&, first](const infer::TokenEvent& ev) {
+      std::lock_guard lk(mu);
+      if (ev.token >= 0) ++tokens;
+      if (*first) {
+        *first = false;
+        if (++started == batch) t1 = Clock::now(), at_t1 = tokens;
+      }
+      if (ev.finished && ++finished == batch) {
+        t2 = Clock::now();
+        done.set_value();
+      }
+      return true;
+    });
+  }
+  done.get_future().wait();
+  return static_cast<double>(tokens - at_t1) / std::chrono::duration<double>(t2 - t1).count();
+}
+
+// Reads a `total`-token input through the engine (one new token), printing RSS at every
+// doubling from 64K; returns the seconds it took.
+double read_long(const model::Decoder& m, const data::Tokenizer& tok, infer::EngineConfig cfg,
+                 int64_t total, const char* label) {
+  infer::Engine e(m, tok, cfg);
+  infer::Request r;
+  r.prompt = prompt(total, m.config().vocab_size, 1);
+  r.params.temperature = 0, r.params.ignore_eos = true, r.params.max_tokens = 1;
+  const infer::CachePlan plan = e.plan(r);
+  std::printf("%s: %lld tokens, chunk %lld, plan %.1f MiB%s\n", label,
+              static_cast<long long>(total), static_cast<long long>(cfg.prefill_chunk),
+              plan.bytes / 1048576.0,
+              plan.sliding ? (" (sliding MLA window of " +
+                              std::to_string(plan.pages_per_layer * cfg.block_tokens) + " tokens)")
+                                 .c_str()
+                           : "");
+  const auto t0 = Clock::now();
+  auto fut = std::async(std::launch::async, [&] { return e.generate(r); });
+  int64_t next = 65536;
+  double rss0 = -1;
+  while (fut.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    const infer::EngineStats st = e.stats();
+    const int64_t pos = st.prefilled_tokens;
+    if (pos >= next) {
+      auto [rss, hwm] = rss_mib();
+      if (rss0 < 0) rss0 = rss;
+      std::printf("  %8lld tokens: RSS %7.1f MiB (peak %7.1f)  cache %7.2f MiB  %.1f s\n",
+                  static_cast<long long>(pos), rss, hwm, st.cache_bytes_used / 1048576.0,
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      std::fflush(stdout);
+      while (next <= pos) next *= 2;
+    }
+  }
+  const auto c = fut.get();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto [rss, hwm] = rss_mib();
+  std::printf("  %8lld tokens: RSS %7.1f MiB (peak %7.1f)  done in %.1f s (%.0f tokens/s), %s\n",
+              static_cast<long long>(total), rss, hwm, s, total / s, c.finish_reason.c_str());
+  if (rss0 > 0) std::printf("  RSS growth from 64K to the end: %+.1f%%\n", 100 * (rss / rss0 - 1));
+  return s;
+}
+
+int run(int argc, char** argv) {
+  const std::string preset =
+      take_flag(argc, argv, "medium", "MYRIAD_BENCH_MEDIUM", 0) > 0 ? "medium" : "tiny";
+  const auto ctx = static_cast<int64_t>(take_flag(argc, argv, "ctx", "MYRIAD_BENCH_CTX", 1024));
+  const auto new_tokens =
+      static_cast<int64_t>(take_flag(argc, argv, "new", "MYRIAD_BENCH_NEW", 32));
+  const auto measure_ctx =
+      static_cast<int64_t>(take_flag(argc, argv, "measure_ctx", "MYRIAD_BENCH_MCTX", 16384));
+  const auto long_kda =
+      static_cast<int64_t>(take_flag(argc, argv, "long", "MYRIAD_BENCH_LONG", 1 << 20));
+  const auto long_mla =
+      static_cast<int64_t>(take_flag(argc, argv, "long_mla", "MYRIAD_BENCH_LONG_MLA", 1 << 18));
+  const auto chunk =
+      static_cast<int64_t>(take_flag(argc, argv, "chunk", "MYRIAD_BENCH_CHUNK", 4096));
+  NoGradGuard ng;
+  std::printf("bench_decode: preset %s, f32, OMP threads %d\n", preset.c_str(),
+              omp_get_max_threads());
+  const std::string dir = "/tmp/myriad_bench_decode_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const data::Tokenizer tok =
+      data::Tokenizer::train(data::synthetic_fallback_corpus(7, 200000), 512, dir + "/t.model");
+  std::filesystem::remove_all(dir);
+
+  const model::ModelConfig hybrid = model::preset(preset);
+  const model::ModelConfig mla = all_mla(hybrid);
+  struct Row {
+    std::string name;
+    model::ModelConfig c;
+  };
+  const std::vector<Row> rows = {{"hybrid (" + std::to_string(hybrid.num_mla_layers()) + " MLA / " +
+                                      std::to_string(hybrid.num_hidden_layers) + ")",
+                                  hybrid},
+                                 {"all MLA", mla}};
+  // 2. Cache bytes per sequence.
+  std::printf("\ncache bytes per sequence (f32 values, KDA state f32, pages of 256 tokens):\n");
+  std::printf("%-22s %14s %14s %14s\n", "model", "1K", "16K", "128K");
+  for (const Row& r : rows) {
+    const model::CacheSizes z = model::cache_sizes(r.c, 4, 4);
+    auto paged = [&](int64_t t) {
+      return z.kda_bytes + z.mla_bytes_per_token * ((t + 255) / 256 * 256);
+    };
+    std::printf("%-22s %14lld %14lld %14lld\n", r.name.c_str(), static_cast<long long>(paged(1024)),
+                static_cast<long long>(paged(16384)), static_cast<long long>(paged(131072)));
+  }
+  // 1. Decode throughput, and the measured cache after a prefill of measure_ctx tokens.
+  std::printf("\ndecode tokens/s (greedy, %lld-token prompts, %lld new tokens each):\n",
+              static_cast<long long>(ctx), static_cast<long long>(new_tokens));
+  std::printf("%-22s %12s %12s %22s\n", "model", "batch 1", "batch 16",
+              ("measured cache @" + std::to_string(measure_ctx)).c_str());
+  for (const Row& r : rows) {
+    model::Decoder m = model::Decoder::random(r.c, 1);
+    infer::EngineConfig cfg;
+    cfg.cache_budget_bytes = 8ll << 30;
+    cfg.prefill_chunk = chunk;
+    double rate[2];
+    const int64_t batches[2] = {1, 16};
+    for (int i = 0; i < 2; ++i) {
+      infer::Engine e(m, tok, cfg);
+      decode_rate(e, r.c.vocab_size, ctx, batches[i], 4);  // warm-up
+      rate[i] = decode_rate(e, r.c.vocab_size, ctx, batches[i], new_tokens);
+    }
+    int64_t measured = -1;
+    if (measure_ctx > 0) {
+      infer::Engine e(m, tok, cfg);
+      infer::Request q;
+      q.prompt = prompt(measure_ctx - 1, r.c.vocab_size, 3);
+      q.params.temperature = 0, q.params.ignore_eos = true, q.params.max_tokens = 1;
+      std::promise<int64_t> used;
+      e.submit(q, [&](const infer::TokenEvent& ev) {
+        if (ev.finished) used.set_value(e.stats().cache_bytes_peak);
+        return true;
+      });
+      measured = used.get_future().get();
+    }
+    std::printf("%-22s %12.1f %12.1f %22lld\n", r.name.c_str(), rate[0], rate[1],
+                static_cast<long long>(measured));
+    std::fflush(stdout);
+  }
+  // 3. Long inputs, segment by segment.
+  std::printf("\nlong input, segment by segment (peak RSS of the process):\n");
+  model::ModelConfig small = model::tiny();
+  if (long_kda > 0) {
+    model::Decoder m = model::Decoder::random(all_kda(small), 2);
+    infer::EngineConfig cfg;
+    cfg.prefill_chunk = chunk, cfg.max_context = long_kda + 1;
+    read_long(m, tok, cfg, long_kda, "tiny, every layer KDA");
+  }
+  if (long_mla > 0) {
+    model::Decoder m = model::Decoder::random(small, 2);
+    infer::EngineConfig cfg;
+    cfg.prefill_chunk = chunk, cfg.max_context = long_mla + 1;
+    const model::CacheSizes z = model::cache_sizes(small, 4, 4);
+    cfg.cache_budget_bytes = z.kda_bytes + z.mla_bytes_per_token * 8192;  // an 8K-token window
+    read_long(m, tok, cfg, long_mla, "tiny hybrid, sliding MLA window");
+    cfg.cache_budget_bytes = 1ll << 30;
+    const int64_t full = std::min<int64_t>(long_mla, 65536);
+    cfg.max_context = full + 1;
+    read_long(m, tok, cfg, full, "tiny hybrid, whole MLA cache (paged)");
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace myriad::bench
+
+int main(int argc, char** argv) {
+  return myriad::bench::run(argc, argv);
+}
