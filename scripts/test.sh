@@ -21,6 +21,10 @@ echo "== TensorBoard's own reader on Myriad's event files =="
 # check_tfevents.py installs the tensorboard package into tools/reference/.venv when needed.
 MYRIAD_TB_CHECK_PYTHON=python3 build/release/test_train --gtest_filter='Events.*'
 
+echo "== the official openai Python client against myriad serve =="
+# openai_client_check.py installs the openai package into tools/reference/.venv when needed.
+MYRIAD_OPENAI_CHECK_PYTHON=python3 build/release/test_serve --gtest_filter='Server.OfficialOpenAIClient'
+
 echo "== planner memory prediction vs measured training peaks (within 15%) =="
 scripts/check_plan_memory.sh
 

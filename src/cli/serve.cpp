@@ -1,0 +1,278 @@
+#include "cli/serve.h"
+
+#include <pthread.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <stdexcept>
+
+#include "core/dtype.h"
+#include "data/tokenizer.h"
+#include "infer/engine.h"
+#include "model/decoder.h"
+#include "serve/protocol.h"
+#include "serve/server.h"
+
+namespace myriad::cli {
+
+bool InferArgs::selected() const {
+  return (serve && *serve) || (generate && *generate) || (chat && *chat);
+}
+
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("not a size: '" + text + "'");
+  }
+  const std::string unit = text.substr(used);
+  double scale = 1;
+  if (unit == "K" || unit == "KiB")
+    scale = 1 << 10;
+  else if (unit == "M" || unit == "MiB")
+    scale = 1 << 20;
+  else if (unit == "G" || unit == "GiB")
+    scale = 1 << 30;
+  else if (!unit.empty())
+    throw std::invalid_argument("unknown size unit in '" + text + "'");
+  if (!(v > 0)) throw std::invalid_argument("size must be positive: '" + text + "'");
+  return static_cast<int64_t>(v * scale);
+}
+
+void add_infer_commands(CLI::App& app, InferArgs& a) {
+  const auto common = [&](CLI::App* c) {
+    c->add_option("model_dir", a.model_dir,
+                  "model directory: config.json, model.safetensors, tokenizer.model")
+        ->required()
+        ->check(CLI::ExistingDirectory);
+    c->add_option("--dtype", a.dtype, "weights dtype: f32 or bf16")
+        ->check(CLI::IsMember({"f32", "bf16"}));
+    c->add_option("--max-batch", a.max_batch, "sequences decoded together")
+        ->check(CLI::Range(1, 4096));
+    c->add_option("--cache-budget", a.cache_budget,
+                  "cache memory for all sequences (e.g. 512M, 4G)");
+    c->add_option("--block-tokens", a.block_tokens, "tokens per MLA cache page")
+        ->check(CLI::Range(1, 1 << 20));
+    c->add_option("--prefill-chunk", a.prefill_chunk, "prompt tokens per prefill forward")
+        ->check(CLI::Range(1, 1 << 24));
+    c->add_option("--context", a.context, "max prompt + completion tokens (0: the model's)")
+        ->check(CLI::Range(0, 1 << 30));
+  };
+  const auto sampling = [&](CLI::App* c) {
+    c->add_option("--temperature", a.temperature, "0: greedy")->check(CLI::Range(0.0, 2.0));
+    c->add_option("--top-k", a.top_k, "0: off")->check(CLI::Range(0, 1 << 30));
+    c->add_option("--top-p", a.top_p, "nucleus mass (1: off)")->check(CLI::Range(1e-9, 1.0));
+    c->add_option("--min-p", a.min_p, "0: off")->check(CLI::Range(0.0, 1.0));
+    c->add_option("--repetition-penalty", a.repetition_penalty, "1: off")
+        ->check(CLI::Range(1e-6, 10.0));
+    c->add_option("--presence-penalty", a.presence_penalty)->check(CLI::Range(-2.0, 2.0));
+    c->add_option("--frequency-penalty", a.frequency_penalty)->check(CLI::Range(-2.0, 2.0));
+    c->add_option("--max-tokens", a.max_tokens, "new tokens per reply")
+        ->check(CLI::Range(1, 1 << 30));
+    c->add_option("--seed", a.seed, "sampling seed (-1: random)");
+    c->add_option("--stop", a.stop, "stop sequence (repeatable)");
+    c->add_flag("--ignore-eos", a.ignore_eos, "keep going past the end-of-text token");
+  };
+  a.serve = app.add_subcommand("serve", "OpenAI-compatible HTTP server (docs/SERVING.md)");
+  common(a.serve);
+  a.serve->add_option("--host", a.host, "address to listen on");
+  a.serve->add_option("--port", a.port, "port (0: any free one)")->check(CLI::Range(0, 65535));
+  a.serve->add_option("--model-name", a.model_name,
+                      "model id clients send (default: directory name)");
+  a.serve->add_option("--threads", a.threads, "HTTP worker threads")->check(CLI::Range(1, 4096));
+  a.serve->add_option("--max-body", a.max_body, "largest request body in bytes")
+      ->check(CLI::Range(1, 1 << 30));
+  a.serve
+      ->add_option("--max-tokens-limit", a.max_tokens_limit, "largest max_tokens a request may ask")
+      ->check(CLI::Range(1, 1 << 30));
+  a.serve->add_option("--api-key", a.api_key, "require Authorization: Bearer KEY on /v1/*");
+  a.serve->add_option("--shutdown-grace", a.grace, "seconds running requests get on SIGINT/SIGTERM")
+      ->check(CLI::Range(0.0, 3600.0));
+  a.generate = app.add_subcommand("generate", "continue a prompt (raw text, no chat template)");
+  common(a.generate);
+  sampling(a.generate);
+  a.generate->add_option("--prompt", a.prompt, "the text to continue")->required();
+  a.chat = app.add_subcommand("chat", "interactive chat on stdin/stdout (keeps the conversation)");
+  common(a.chat);
+  sampling(a.chat);
+  a.chat->add_option("--system", a.system, "system message");
+}
+
+namespace {
+
+struct Loaded {
+  model::Decoder model;
+  data::Tokenizer tok;
+  serve::ChatTemplate tmpl;
+  infer::EngineConfig cfg;
+};
+
+Loaded load(const InferArgs& a) {
+  namespace fs = std::filesystem;
+  const fs::path dir(a.model_dir);
+  Loaded l{model::Decoder::load(a.model_dir, dtype_from_name(a.dtype)),
+           data::Tokenizer::load((dir / "tokenizer.model").string()),
+           serve::ChatTemplate::from_model_dir(a.model_dir),
+           {}};
+  if (l.tok.vocab_size() > l.model.config().vocab_size)
+    throw std::invalid_argument("tokenizer vocabulary (" + std::to_string(l.tok.vocab_size()) +
+                                ") is larger than the model's (" +
+                                std::to_string(l.model.config().vocab_size) + ")");
+  l.cfg.max_batch = a.max_batch;
+  l.cfg.cache_budget_bytes = parse_bytes(a.cache_budget);
+  l.cfg.block_tokens = a.block_tokens;
+  l.cfg.prefill_chunk = a.prefill_chunk;
+  const int64_t model_ctx = l.model.config().model_max_length;
+  l.cfg.max_context = a.context > 0 ? a.context : model_ctx > 0 ? model_ctx : 4096;
+  return l;
+}
+
+infer::SamplingParams sampling(const InferArgs& a) {
+  infer::SamplingParams s;
+  s.temperature = a.temperature;
+  s.top_k = a.top_k;
+  s.top_p = a.top_p;
+  s.min_p = a.min_p;
+  s.repetition_penalty = a.repetition_penalty;
+  s.presence_penalty = a.presence_penalty;
+  s.frequency_penalty = a.frequency_penalty;
+  if (a.seed >= 0) s.seed = static_cast<uint64_t>(a.seed);
+  s.max_tokens = a.max_tokens;
+  s.stop = a.stop;
+  s.ignore_eos = a.ignore_eos;
+  return s;
+}
+
+// Streams one reply to stdout; returns its text.
+std::string stream_reply(infer::Engine& engine, std::vector<int32_t> prompt,
+                         infer::SamplingParams sp) {
+  const int64_t budget = engine.config().max_context - static_cast<int64_t>(prompt.size());
+  if (budget < 1) throw std::invalid_argument("the conversation no longer fits the context");
+  sp.max_tokens = std::min(sp.max_tokens, budget);
+  const auto t0 = std::chrono::steady_clock::now();
+  infer::TokenEvent last;
+  int64_t n = 0;
+  std::string text;
+  // The callback prints on the engine thread; generate() waits for the end.
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  engine.submit({std::move(prompt), sp}, [&](const infer::TokenEvent& e) {
+    std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+    std::fflush(stdout);
+    std::lock_guard lock(m);
+    text += e.text;
+    n += e.token >= 0;
+    if (e.finished) last = e, done = true, cv.notify_one();
+    return true;
+  });
+  std::unique_lock lock(m);
+  cv.wait(lock, [&] { return done; });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "\n[%lld tokens, %.1f tokens/s, finish: %s%s%s]\n",
+               static_cast<long long>(n), n / std::max(s, 1e-9), last.finish_reason.c_str(),
+               last.error.empty() ? "" : ": ", last.error.c_str());
+  return text;
+}
+
+int serve_command(const InferArgs& a) {
+  // Signals go to sigwait below, not to whichever thread the engine or the server runs.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  Loaded l = load(a);
+  infer::Engine engine(l.model, l.tok, l.cfg);
+  serve::ServeConfig cfg;
+  cfg.host = a.host;
+  cfg.port = a.port;
+  cfg.threads = a.threads;
+  cfg.api_key = a.api_key;
+  cfg.limits.model =
+      a.model_name.empty()
+          ? std::filesystem::absolute(a.model_dir).lexically_normal().filename().string()
+          : a.model_name;
+  if (cfg.limits.model.empty()) cfg.limits.model = "myriad";
+  cfg.limits.max_body_bytes = static_cast<size_t>(a.max_body);
+  cfg.limits.context = l.cfg.max_context;
+  cfg.limits.max_tokens = std::min(a.max_tokens_limit, l.cfg.max_context);
+  serve::Server server(engine, l.tok, l.tmpl, cfg);
+  const int port = server.start();
+  std::printf("myriad serve: model '%s' on http://%s:%d (context %lld, max batch %lld)\n",
+              cfg.limits.model.c_str(), a.host.c_str(), port,
+              static_cast<long long>(cfg.limits.context), static_cast<long long>(a.max_batch));
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::printf("myriad serve: signal %d, shutting down (grace %.0f s)\n", sig, a.grace);
+  std::fflush(stdout);
+  server.shutdown(a.grace);
+  return 0;
+}
+
+int generate_command(const InferArgs& a) {
+  Loaded l = load(a);
+  infer::Engine engine(l.model, l.tok, l.cfg);
+  std::vector<int32_t> ids = l.tok.encode(a.prompt);
+  if (ids.empty()) ids = {l.tok.eos()};
+  std::fputs(a.prompt.c_str(), stdout);
+  stream_reply(engine, ids, sampling(a));
+  return 0;
+}
+
+int chat_command(const InferArgs& a) {
+  Loaded l = load(a);
+  infer::Engine engine(l.model, l.tok, l.cfg);
+  serve::ChatRequest conv;
+  if (!a.system.empty()) conv.messages.push_back({"system", a.system, "", "", {}});
+  std::fprintf(stderr, "myriad chat: one message per line; /reset clears, /exit or EOF quits\n");
+  std::string line;
+  while (std::fprintf(stderr, "> "), std::getline(std::cin, line)) {
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      conv.messages.resize(a.system.empty() ? 0 : 1);
+      continue;
+    }
+    if (line.empty()) continue;
+    conv.messages.push_back({"user", line, "", "", {}});
+    const serve::Prompt p = serve::render_chat(l.tmpl, conv);
+    std::vector<int32_t> ids;
+    if (p.bos) ids.push_back(l.tok.bos());
+    const auto body = l.tok.encode(p.text);
+    ids.insert(ids.end(), body.begin(), body.end());
+    infer::SamplingParams sp = sampling(a);
+    sp.stop.insert(sp.stop.end(), p.stop.begin(), p.stop.end());
+    try {
+      conv.messages.push_back({"assistant", stream_reply(engine, ids, sp), "", "", {}});
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "myriad chat: %s (try /reset)\n", e.what());
+      conv.messages.pop_back();
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int infer_command(const InferArgs& a) {
+  try {
+    if (*a.serve) return serve_command(a);
+    if (*a.generate) return generate_command(a);
+    return chat_command(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "myriad: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace myriad::cli

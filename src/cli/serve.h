@@ -1,0 +1,47 @@
+// `myriad serve MODEL_DIR`, `myriad generate MODEL_DIR --prompt ...` and `myriad chat MODEL_DIR`:
+// the OpenAI-compatible server (docs/SERVING.md) and two terminal front ends of the same engine.
+// A model directory holds config.json, model.safetensors and tokenizer.model (and optionally
+// chat_template.txt).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace myriad::cli {
+
+struct InferArgs {
+  std::string model_dir, dtype = "f32";
+  // Engine.
+  int64_t max_batch = 16, block_tokens = 256, prefill_chunk = 2048;
+  int64_t context = 0;  // prompt + completion; 0: config.json's model_max_length (or 4096)
+  std::string cache_budget = "1G";
+  // Sampling (generate and chat).
+  double temperature = 0.7, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
+  double presence_penalty = 0.0, frequency_penalty = 0.0;
+  int top_k = 0;
+  int64_t max_tokens = 256, seed = -1;  // seed -1: a fresh one
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::string prompt, system;
+  // Server.
+  std::string host = "127.0.0.1", model_name, api_key;
+  int port = 8000, threads = 64;
+  int64_t max_body = 1 << 20, max_tokens_limit = 4096;
+  double grace = 10;
+
+  CLI::App *serve = nullptr, *generate = nullptr, *chat = nullptr;
+  bool selected() const;
+};
+
+// Registers `serve`, `generate` and `chat` on app.
+void add_infer_commands(CLI::App& app, InferArgs& args);
+int infer_command(const InferArgs& args);
+
+// "1073741824", "512M", "2G", "64K" -> bytes; throws std::invalid_argument.
+int64_t parse_bytes(const std::string& text);
+
+}  // namespace myriad::cli
