@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The main job: install, build, check every op against its reference (errors and speed-ups),
-# train the tiny K3-style model on the built-in text (WordNet + GCIDE read at run time) through
-# two short context stages (loss, held-out loss, expert load; report in runs/tiny-cpu), size the
-# K3 flagship, then benchmark GEMM against raw oneDNN and element-wise bandwidth against memcpy.
-# Chat and serving arrive with the inference issue; the full 4-stage curriculum with its evals
-# with the pretraining issue.
+# The main job: install, build, check every op against its reference, train the tiny K3-style
+# model (3:1 KDA:MLA, MoE with Quantile Balancing, SiTU, AttnRes) on the built-in text (WordNet +
+# GCIDE read at run time) through the CPU context curriculum 256 -> 1K -> 4K -> 16K with its
+# stage-end long-context evals, run the same model without balancing for contrast, then talk to
+# the trained model: a generation, and a chat request through the OpenAI-compatible server.
+# Finally size the K3 flagship and benchmark GEMM and element-wise bandwidth.
+# Everything lands in runs/tiny-curriculum-<time>/ (report.html, metrics.jsonl, TensorBoard
+# events, checkpoints, model/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -13,12 +15,41 @@ cmake --preset release >/dev/null
 cmake --build --preset release -j "${MYRIAD_JOBS:-2}"
 # Passive OpenMP waiting for the many small ops of the self-check and of tiny-model training:
 # spinning workers collapse when the machine has other load. The benchmarks keep the default.
-OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} build/release/myriad selfcheck
-OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} build/release/myriad train configs/recipes/tiny-cpu.toml \
-  --out "runs/tiny-cpu-$(date +%Y%m%d-%H%M%S)"
-echo "run report: runs/tiny-cpu-*/report.html (TensorBoard event files alongside)"
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+myriad=build/release/myriad
+$myriad selfcheck
+
+run=runs/tiny-curriculum-$(date +%Y%m%d-%H%M%S)
+start=$(date +%s)
+$myriad train configs/recipes/tiny-curriculum.toml --out "$run"
+$myriad train configs/recipes/tiny-curriculum-nobalancer.toml --out "$run/nobalancer" |
+  grep -v '^\[' || true  # its summary, without the per-step lines
+$myriad report "$run" --contrast "$run/nobalancer" --contrast-label "no balancing"
+echo "training and evals took $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"
+echo "run report: $run/report.html (TensorBoard event files alongside)"
+
+# Talk to it: one generation, then the OpenAI-compatible server with one chat request.
+$myriad generate "$run/model" --prompt "The meaning of the word" --max-tokens 32 --temperature 0
+port=${MYRIAD_PORT:-8765}
+$myriad serve "$run/model" --port "$port" >"$run/serve.log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+  sleep 0.2
+done
+echo "POST /v1/chat/completions:"
+curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "model", "messages": [{"role": "user", "content": "What is a river?"}],
+       "max_tokens": 32, "temperature": 0}'
+echo
+kill -TERM $server && wait $server || true
+trap - EXIT
+echo "chat with it:  $myriad chat $run/model"
+echo "serve it:      $myriad serve $run/model --port 8000   (OpenAI API at http://127.0.0.1:8000/v1)"
+
 build/release/bench_gemm
 build/release/bench_elementwise
 # The planned flagship and the CPU test size, as the engine builds them (parameters, caches).
-build/release/myriad inspect configs/kimi-k3 | grep -v '^  [0-9]*: '
-build/release/myriad inspect configs/tiny | grep -v '^  [0-9]*: '
+$myriad inspect configs/kimi-k3 | grep -v '^  [0-9]*: '
+$myriad inspect configs/tiny | grep -v '^  [0-9]*: '

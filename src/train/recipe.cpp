@@ -262,6 +262,7 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
     g.get("data_mix", sp.data_mix);
     g.get("segment_len", sp.segment_len);
     g.get("detach_state", sp.detach_state);
+    g.get("recompute", sp.recompute);
     g.finish();
     g.check_positive("seq_len", static_cast<double>(sp.seq_len));
     g.check_positive("steps", static_cast<double>(sp.steps));

@@ -28,6 +28,9 @@ struct StageSpec {
   // (truncated BPTT). The loss equals the one-pass mean loss.
   int64_t segment_len = 0;
   bool detach_state = false;
+  // Activation recomputation: sublayers keep only their inputs and run again in the backward pass
+  // (model::ForwardOptions::recompute); less memory, about one more forward of compute.
+  bool recompute = false;
   int64_t micro_batches() const { return tokens_per_step / (batch_size * seq_len); }
 };
 

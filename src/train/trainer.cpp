@@ -63,7 +63,7 @@ Tensor to_dtype(const Tensor& x, DType t) {
 
 Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len, bool detach_state,
-                              const std::function<Tensor()>& after_forward) {
+                              const std::function<Tensor()>& after_forward, bool recompute) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), d = dec.config().hidden_size;
   const int64_t L = segment_len > 0 && segment_len < T ? segment_len : T;
   MYRIAD_CHECK(T % L == 0, "trainer: segment_len ", L, " does not divide the sequence length ", T);
@@ -75,7 +75,8 @@ Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
   for (int64_t s = 0; s < T; s += L) {
     const Tensor x = L < T ? ops::contiguous(ops::slice(ids_BT, 1, s, s + L)) : ids_BT;
     const Tensor y = L < T ? ops::contiguous(ops::slice(labels_BT, 1, s, s + L)) : labels_BT;
-    model::ForwardOutput f = dec.forward(x, cache ? &*cache : nullptr, {.logits = false});
+    model::ForwardOutput f =
+        dec.forward(x, cache ? &*cache : nullptr, {.logits = false, .recompute = recompute});
     const Tensor extra = after_forward ? after_forward() : Tensor();
     Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * L, d}), head,
                                             ops::reshape(y, {B * L}));
@@ -308,6 +309,9 @@ struct Trainer::Impl {
     std::map<int64_t, model::RouteStats> sample;
     const model::Decoder& d = fw();
     const bool aux_mode = d.config().myriad.balancer.mode == "aux_loss";
+    MYRIAD_CHECK(!(aux_mode && sp.recompute), "stage ", sp.name,
+                 ": recompute = true cannot be combined with the aux_loss balancer (the auxiliary "
+                 "loss needs the router's graph after the forward)");
     const int64_t seg = sp.segment_len > 0 && sp.segment_len < sp.seq_len ? sp.segment_len : 0;
     const int64_t L = seg ? seg : sp.seq_len;
     for (int64_t mb = 0; mb < n_micro; ++mb) {
@@ -315,8 +319,9 @@ struct Trainer::Impl {
       double aux_mb = 0;
       // The balancers see every segment's routing; in aux_loss mode each MoE layer adds its
       // α n Σ f_j P_j term (per sequence of the segment with aux_scope = "sequence").
-      Tensor loss =
-          sequence_loss(d, b.input_ids, b.labels, sp.segment_len, sp.detach_state, [&]() -> Tensor {
+      Tensor loss = sequence_loss(
+          d, b.input_ids, b.labels, sp.segment_len, sp.detach_state,
+          [&]() -> Tensor {
             Tensor aux;
             for (auto& [l, bl] : bal) {
               const model::RouteStats& rs = d.last_route(l);
@@ -331,7 +336,8 @@ struct Trainer::Impl {
             if (aux.defined())
               aux_mb += aux.item() * static_cast<double>(L) / static_cast<double>(sp.seq_len);
             return aux;
-          });
+          },
+          sp.recompute);
       Tensor scaled = ops::mul(loss, 1.0 / static_cast<double>(n_micro));
       if (poison && mb == 0) scaled = ops::mul(scaled, std::numeric_limits<double>::quiet_NaN());
       scaled.backward();

@@ -76,12 +76,14 @@ class Trainer {
 
   // Mean next-token loss of one micro-batch (ids, labels [B, T]) as the trainer computes it:
   // one pass, or segment_len segments carrying the decode state (detach_state: truncated BPTT).
+  // recompute: activation recomputation (model::ForwardOptions::recompute).
   // after_forward runs after each segment's forward; a defined tensor it returns (e.g. the
   // auxiliary balancing loss) is added to that segment's loss with the same L / T weight.
   static Tensor sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len = 0,
                               bool detach_state = false,
-                              const std::function<Tensor()>& after_forward = {});
+                              const std::function<Tensor()>& after_forward = {},
+                              bool recompute = false);
 
  private:
   struct Impl;

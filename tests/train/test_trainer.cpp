@@ -402,6 +402,17 @@ TEST(Trainer, SegmentedStageLearns) {
 
 // A "long" stage builds its own shards from the §5.2 mix (documents plus retrieval items) and
 // reads them; the stage-end hook sees every stage.
+// Activation recomputation changes memory, not the training trajectory.
+TEST(Trainer, RecomputeKeepsTheTrajectory) {
+  OneThread one_thread;
+  const auto a = run_losses(Recipe::parse(micro_recipe(4, "segment_len = 32\n")), temp_dir("rc0"));
+  const auto b = run_losses(Recipe::parse(micro_recipe(4, "segment_len = 32\nrecompute = true\n")),
+                            temp_dir("rc1"));
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6 * std::abs(a[i])) << i;
+}
+
 TEST(Trainer, LongDataMixBuildsStageShardsAndHooksRun) {
   OneThread one_thread;
   const Recipe r = Recipe::parse(micro_recipe(2,
