@@ -11,6 +11,12 @@
 //   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE bench_decode [--medium=1] [--ctx=1024] [--new=32]
 //   [--measure_ctx=16384]
 //                                  [--long=1048576] [--long_mla=262144] [--chunk=4096]
+//
+// With a model directory (scripts/bench_decode_vs_torch.sh): only 1., for that model, at batch 1
+// and 16 (--batch16=0 skips 16), printing each request's first --show greedy tokens and RESULT
+// lines. A directory with only config.json first gets random weights (--seed) saved into it, so
+// transformers can load the same checkpoint.
+//   bench_decode DIR [--ctx=1024] [--new=32] [--show=8] [--seed=1] [--batch16=1]
 #include <unistd.h>
 
 #include <chrono>
@@ -70,8 +76,10 @@ std::vector<int32_t> prompt(int64_t n, int64_t V, int salt) {
 }
 
 // Decode tokens/s of `batch` concurrent greedy requests, timed after every one has its first
-// token (so only decode steps are in the window).
-double decode_rate(infer::Engine& e, int64_t V, int64_t ctx, int64_t batch, int64_t new_tokens) {
+// token (so only decode steps are in the window). `out`, when given, gets each request's tokens.
+double decode_rate(infer::Engine& e, int64_t V, int64_t ctx, int64_t batch, int64_t new_tokens,
+                   std::vector<std::vector<int32_t>>* out = nullptr) {
+  if (out) out->assign(batch, {});
   std::mutex mu;
   int64_t started = 0, tokens = 0, at_t1 = 0, finished = 0;
   Clock::time_point t1, t2;
@@ -81,9 +89,10 @@ double decode_rate(infer::Engine& e, int64_t V, int64_t ctx, int64_t batch, int6
     r.prompt = prompt(ctx, V, static_cast<int>(b));
     r.params.temperature = 0, r.params.ignore_eos = true, r.params.max_tokens = new_tokens;
     auto first = std::make_shared<bool>(true);
-    e.submit(r, [&, first](const infer::TokenEvent& ev) {
+    e.submit(r, [&, first, b](const infer::TokenEvent& ev) {
       std::lock_guard lk(mu);
       if (ev.token >= 0) ++tokens;
+      if (ev.token >= 0 && out) (*out)[b].push_back(ev.token);
       if (*first) {
         *first = false;
         if (++started == batch) t1 = Clock::now(), at_t1 = tokens;
@@ -141,6 +150,51 @@ double read_long(const model::Decoder& m, const data::Tokenizer& tok, infer::Eng
   return s;
 }
 
+// Decode rates of one saved model (the Myriad side of scripts/bench_decode_vs_torch.sh).
+int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int64_t new_tokens,
+            int64_t chunk, int64_t show, uint64_t seed, bool batch16) {
+  namespace fs = std::filesystem;
+  if (!fs::exists(fs::path(dir) / "model.safetensors")) {
+    const model::Decoder r =
+        model::Decoder::random(model::ModelConfig::load(dir + "/config.json"), seed);
+    r.config().save(dir + "/config.json");
+    r.weights().save(dir + "/model.safetensors");
+    std::printf("saved random weights (seed %llu) to %s\n", static_cast<unsigned long long>(seed),
+                dir.c_str());
+  }
+  const model::Decoder m = model::Decoder::load(dir);
+  const model::ModelConfig& c = m.config();
+  std::printf("model %s: %lld layers (%lld MLA), d %lld, V %lld; %lld-token prompts, %lld new\n",
+              dir.c_str(), static_cast<long long>(c.num_hidden_layers),
+              static_cast<long long>(c.num_mla_layers()), static_cast<long long>(c.hidden_size),
+              static_cast<long long>(c.vocab_size), static_cast<long long>(ctx),
+              static_cast<long long>(new_tokens));
+  infer::EngineConfig cfg;
+  cfg.cache_budget_bytes = 8ll << 30;
+  cfg.prefill_chunk = chunk;
+  for (const int64_t batch : {int64_t{1}, int64_t{16}}) {
+    if (batch == 16 && !batch16) continue;
+    infer::Engine e(m, tok, cfg);
+    decode_rate(e, c.vocab_size, ctx, batch, 4);  // warm-up
+    std::vector<std::vector<int32_t>> ids;
+    const double rate = decode_rate(e, c.vocab_size, ctx, batch, new_tokens, &ids);
+    const model::CacheSizes z = model::cache_sizes(c, 4, 4);  // f32, whole 256-token pages
+    const int64_t cache = z.kda_bytes + z.mla_bytes_per_token * ((ctx + 255) / 256 * 256);
+    std::printf("RESULT myriad batch=%lld ctx=%lld tokens_per_s=%.2f cache_bytes_per_seq=%lld\n",
+                static_cast<long long>(batch), static_cast<long long>(ctx), rate,
+                static_cast<long long>(cache));
+    for (int64_t b = 0; b < batch; ++b) {
+      std::printf("TOKENS batch=%lld seq=%lld", static_cast<long long>(batch),
+                  static_cast<long long>(b));
+      for (int64_t i = 0; i < std::min<int64_t>(show, std::ssize(ids[b])); ++i)
+        std::printf(" %d", ids[b][i]);
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const std::string preset =
       take_flag(argc, argv, "medium", "MYRIAD_BENCH_MEDIUM", 0) > 0 ? "medium" : "tiny";
@@ -155,14 +209,18 @@ int run(int argc, char** argv) {
       static_cast<int64_t>(take_flag(argc, argv, "long_mla", "MYRIAD_BENCH_LONG_MLA", 1 << 18));
   const auto chunk =
       static_cast<int64_t>(take_flag(argc, argv, "chunk", "MYRIAD_BENCH_CHUNK", 4096));
+  const auto show = static_cast<int64_t>(take_flag(argc, argv, "show", "MYRIAD_BENCH_SHOW", 8));
+  const auto seed = static_cast<uint64_t>(take_flag(argc, argv, "seed", "MYRIAD_BENCH_SEED", 1));
+  const bool batch16 = take_flag(argc, argv, "batch16", "MYRIAD_BENCH_BATCH16", 1) != 0;
   NoGradGuard ng;
-  std::printf("bench_decode: preset %s, f32, OMP threads %d\n", preset.c_str(),
-              omp_get_max_threads());
+  std::printf("bench_decode: %s, f32, OMP threads %d\n",
+              argc == 2 ? argv[1] : ("preset " + preset).c_str(), omp_get_max_threads());
   const std::string dir = "/tmp/myriad_bench_decode_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const data::Tokenizer tok =
       data::Tokenizer::train(data::synthetic_fallback_corpus(7, 200000), 512, dir + "/t.model");
   std::filesystem::remove_all(dir);
+  if (argc == 2) return run_dir(argv[1], tok, ctx, new_tokens, chunk, show, seed, batch16);
 
   const model::ModelConfig hybrid = model::preset(preset);
   const model::ModelConfig mla = all_mla(hybrid);
