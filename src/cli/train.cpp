@@ -92,8 +92,7 @@ void print_outcome(const StageOutcome& o) {
 void record_outcome(RunReport& rep, const StageOutcome& o) {
   double passkey = -1;
   for (const auto& g : o.grids) {
-    std::vector<std::vector<double>> acc = g.accuracy;
-    rep.stage_eval(o.stage, g.task, g.lengths, g.depths, acc);
+    rep.stage_eval(o.stage, g.task, g.lengths, g.depths, g.accuracy);
     if (g.task == "passkey") passkey = g.mean;
   }
   nlohmann::json row = {{"stage", o.stage},

@@ -21,34 +21,11 @@ Dependencies: as bench_torch_cpu.py (re-runs itself in $MYRIAD_REF_VENV, default
 tools/reference/.venv, when the running python lacks the pinned transformers).
 """
 import argparse
-import importlib.metadata
 import os
-import pathlib
-import subprocess
 import sys
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-
-
-def ensure_environment():
-    req = dict(line.strip().split("==") for line in (HERE / "requirements.txt").read_text().splitlines()
-               if "==" in line and not line.lstrip().startswith("#"))
-    try:
-        ok = all(importlib.metadata.version(n) for n in req)
-        ok = ok and importlib.metadata.version("transformers") == req["transformers"]
-    except importlib.metadata.PackageNotFoundError:
-        ok = False
-    if ok:
-        return
-    venv = pathlib.Path(os.environ.get("MYRIAD_REF_VENV", HERE / ".venv"))
-    if os.environ.get("MYRIAD_REF_REEXEC"):
-        sys.exit(f"bench_decode_torch.py: {venv} lacks the versions of requirements.txt")
-    py = venv / "bin" / "python"
-    if not py.exists():  # an existing environment is used as it is, never modified
-        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-        subprocess.check_call([str(py), "-m", "pip", "install", "--quiet", "-r", str(HERE / "requirements.txt")])
-    os.execve(str(py), [str(py), __file__, *sys.argv[1:]], {**os.environ, "MYRIAD_REF_REEXEC": "1"})
+import refenv  # tools/reference/refenv.py: the venv these scripts run in
 
 
 def prompts(batch, n, V):
@@ -91,7 +68,7 @@ def cache_bytes(cache):
 
 
 def main():
-    ensure_environment()
+    refenv.ensure_pinned(__file__)
     for mod in ("fla", "causal_conv1d"):  # force transformers' torch-only KDA and conv paths
         sys.modules[mod] = None
     import warnings

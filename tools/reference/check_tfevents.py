@@ -17,27 +17,9 @@ import json
 import math
 import os
 import pathlib
-import subprocess
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-
-
-def ensure_tensorboard():
-    try:
-        import tensorboard  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("MYRIAD_TB_REEXEC"):
-        sys.exit("tensorboard is still missing after installing it")
-    venv = pathlib.Path(os.environ.get("MYRIAD_REF_VENV", HERE / ".venv"))
-    py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-    subprocess.check_call([str(py), "-m", "pip", "install", "-q", "tensorboard"])
-    os.environ["MYRIAD_TB_REEXEC"] = "1"
-    os.execv(str(py), [str(py), __file__] + sys.argv[1:])
+import refenv  # tools/reference/refenv.py: the venv these scripts run in
 
 
 def close(a, b):
@@ -47,7 +29,7 @@ def close(a, b):
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    ensure_tensorboard()
+    refenv.ensure_package(__file__, "tensorboard")
     # Readers only; keep TensorFlow (if any) out of the way.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

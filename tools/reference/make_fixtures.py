@@ -29,47 +29,16 @@ and re-runs itself with it. fla and causal_conv1d are hidden from transformers s
 torch-only KDA and conv paths run (the ones REFERENCE_NOTES.md describes).
 """
 import argparse
-import importlib.metadata
 import math
-import os
 import pathlib
 import shutil
-import subprocess
 import sys
+
+import refenv  # tools/reference/refenv.py: the venv these scripts run in
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MARGIN = 2e-3  # minimum lead of every discrete choice (routing scores, greedy logits)
-
-
-def pinned():
-    req = {}
-    for line in (HERE / "requirements.txt").read_text().splitlines():
-        if "==" in line and not line.lstrip().startswith("#"):
-            name, ver = line.strip().split("==")
-            req[name] = ver
-    return req
-
-
-def ensure_environment():
-    req = pinned()
-    try:
-        ok = all(importlib.metadata.version(n) for n in req)
-        ok = ok and importlib.metadata.version("transformers") == req["transformers"]
-    except importlib.metadata.PackageNotFoundError:
-        ok = False
-    if ok:
-        return
-    venv = pathlib.Path(os.environ.get("MYRIAD_REF_VENV", HERE / ".venv"))
-    if os.environ.get("MYRIAD_REF_REEXEC"):
-        want = ", ".join(f"{n}=={v}" for n, v in req.items())
-        sys.exit(f"make_fixtures.py: {venv} lacks {want} (remove it to have it recreated)")
-    py = venv / "bin" / "python"
-    if not py.exists():  # an existing environment is used as it is, never modified
-        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-        subprocess.check_call([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
-        subprocess.check_call([str(py), "-m", "pip", "install", "--quiet", "-r", str(HERE / "requirements.txt")])
-    os.execve(str(py), [str(py), __file__, *sys.argv[1:]], {**os.environ, "MYRIAD_REF_REEXEC": "1"})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -133,7 +102,7 @@ B, NEW_TOKENS = 2, 8
 
 
 def main():
-    ensure_environment()
+    refenv.ensure_pinned(__file__)
     # Hide the optional kernel packages: transformers would otherwise call fla's Triton chunk_kda
     # and fused_recurrent_kda (and causal_conv1d) instead of its own torch implementations.
     for mod in ("fla", "causal_conv1d"):

@@ -15,28 +15,9 @@ Dependencies: `openai`. When it is missing, the script creates the virtualenv $M
 """
 import json
 import os
-import pathlib
-import subprocess
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-
-
-def ensure_openai():
-    try:
-        import openai  # noqa: F401
-        return
-    except ImportError:
-        pass
-    if os.environ.get("MYRIAD_OPENAI_REEXEC"):
-        sys.exit("openai is still missing after installing it")
-    venv = pathlib.Path(os.environ.get("MYRIAD_REF_VENV", HERE / ".venv"))
-    py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-    subprocess.check_call([str(py), "-m", "pip", "install", "-q", "openai"])
-    os.environ["MYRIAD_OPENAI_REEXEC"] = "1"
-    os.execv(str(py), [str(py), __file__] + sys.argv[1:])
+import refenv  # tools/reference/refenv.py: the venv these scripts run in
 
 
 TOOLS = [{
@@ -53,7 +34,7 @@ TOOLS = [{
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    ensure_openai()
+    refenv.ensure_package(__file__, "openai")
     import openai
 
     base, model = sys.argv[1], sys.argv[2]
