@@ -3,7 +3,8 @@
 # only what is missing, so a second run costs a few dpkg queries.
 set -euo pipefail
 PKGS=(cmake ninja-build g++ ccache clang-format pkg-config
-      libdnnl-dev libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
+      libdnnl-dev ocl-icd-opencl-dev  # oneDNN's CMake config asks for OpenCL (only a Recommends)
+      libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
       libsentencepiece-dev libtomlplusplus-dev zlib1g-dev libcpp-httplib-dev curl
       wordnet-base dict-gcide  # the built-in training text, read at run time
       clang libclang-rt-14-dev libomp-dev)  # the last three: the libFuzzer targets
