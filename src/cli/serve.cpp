@@ -127,6 +127,20 @@ Loaded load(const InferArgs& a) {
     throw std::invalid_argument("tokenizer vocabulary (" + std::to_string(l.tok.vocab_size()) +
                                 ") is larger than the model's (" +
                                 std::to_string(l.model.config().vocab_size) + ")");
+  {
+    // A tokenizer without control tokens for the template's markers (one trained before they
+    // were added) reads them as plain text, which a client can write too.
+    serve::ChatRequest probe;
+    probe.messages.push_back({"user", "x", "", "", {}});
+    const auto ids = serve::prompt_ids(l.tok, serve::render_chat(l.tmpl, probe));
+    if (std::none_of(ids.begin(), ids.end(),
+                     [&](int32_t t) { return t != l.tok.bos() && l.tok.is_special(t); }))
+      std::fprintf(
+          stderr,
+          "warning: the chat template's markers are not special tokens of %s/tokenizer.model: "
+          "they are plain text, and a client could write them into its messages\n",
+          a.model_dir.c_str());
+  }
   l.cfg.max_batch = a.max_batch;
   l.cfg.cache_budget_bytes = parse_bytes(a.cache_budget);
   l.cfg.block_tokens = a.block_tokens;
@@ -246,10 +260,7 @@ int chat_command(const InferArgs& a) {
     if (line.empty()) continue;
     conv.messages.push_back({"user", line, "", "", {}});
     const serve::Prompt p = serve::render_chat(l.tmpl, conv);
-    std::vector<int32_t> ids;
-    if (p.bos) ids.push_back(l.tok.bos());
-    const auto body = l.tok.encode(p.text);
-    ids.insert(ids.end(), body.begin(), body.end());
+    const std::vector<int32_t> ids = serve::prompt_ids(l.tok, p);
     infer::SamplingParams sp = sampling(a);
     sp.stop.insert(sp.stop.end(), p.stop.begin(), p.stop.end());
     try {

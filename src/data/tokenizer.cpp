@@ -3,6 +3,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <fstream>
 #include <unordered_map>
 
@@ -58,7 +59,13 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& docs, int vocab_size,
   MYRIAD_CHECK(!docs.empty(), "Tokenizer::train: empty corpus");
   MYRIAD_CHECK(vocab_size >= 300, "Tokenizer::train: vocab_size ", vocab_size,
                " is too small (byte fallback needs 256 byte pieces plus specials)");
+  std::string markers;
+  for (const char* m : kChatMarkers) {
+    if (!markers.empty()) markers += ',';
+    markers += m;
+  }
   const std::unordered_map<std::string, std::string> args = {
+      {"control_symbols", markers},
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(vocab_size)},
       {"byte_fallback", "true"},
@@ -91,6 +98,7 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& docs, int vocab_size,
   Tokenizer t;
   st = t.sp_->LoadFromSerializedProto(proto);
   MYRIAD_CHECK(st.ok(), "Tokenizer::train: cannot load the trained model: ", st.ToString());
+  t.index_specials();
   return t;
 }
 
@@ -101,7 +109,20 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
   MYRIAD_CHECK(t.sp_->bos_id() == 1 && t.sp_->eos_id() == 2 && t.sp_->pad_id() == 3,
                "Tokenizer::load: ", model_path,
                " was not trained by Myriad (expected bos=1 eos=2 pad=3)");
+  t.index_specials();
   return t;
+}
+
+void Tokenizer::index_specials() {
+  specials_.clear();
+  for (int id = 0; id < sp_->GetPieceSize(); ++id)
+    if (sp_->IsControl(id)) specials_.emplace_back(sp_->IdToPiece(id), id);
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < vocab_size() && sp_->IsControl(id);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
@@ -111,14 +132,61 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   return {ids.begin(), ids.end()};
 }
 
+std::vector<int32_t> Tokenizer::encode_parts(const std::vector<TextPart>& parts) const {
+  std::vector<int32_t> out;
+  std::string plain;  // text not yet encoded
+  const auto flush = [&] {
+    if (plain.empty()) return;
+    const auto ids = encode(plain);
+    out.insert(out.end(), ids.begin(), ids.end());
+    plain.clear();
+  };
+  for (const TextPart& p : parts) {
+    if (!p.trusted) {
+      plain += p.text;
+      continue;
+    }
+    size_t i = 0;
+    while (i < p.text.size()) {
+      const auto hit = std::find_if(specials_.begin(), specials_.end(), [&](const auto& sp) {
+        return p.text.compare(i, sp.first.size(), sp.first) == 0;
+      });
+      if (hit == specials_.end()) {
+        plain += p.text[i++];
+        continue;
+      }
+      flush();
+      out.push_back(hit->second);
+      i += hit->first.size();
+    }
+  }
+  flush();
+  return out;
+}
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
-  std::vector<int> v(ids.begin(), ids.end());
-  for (int id : v)
+  for (int32_t id : ids)
     MYRIAD_CHECK(id >= 0 && id < vocab_size(), "Tokenizer::decode: id ", id,
                  " outside the vocabulary [0, ", vocab_size(), ")");
+  // Runs of ids between markers decode as SentencePiece does (bos/eos/pad to nothing).
   std::string out;
-  auto st = sp_->Decode(v, &out);
-  MYRIAD_CHECK(st.ok(), "Tokenizer::decode: ", st.ToString());
+  std::vector<int> run;
+  const auto flush = [&] {
+    std::string text;
+    auto st = sp_->Decode(run, &text);
+    MYRIAD_CHECK(st.ok(), "Tokenizer::decode: ", st.ToString());
+    out += text;
+    run.clear();
+  };
+  for (int32_t id : ids) {
+    if (is_special(id) && id != bos() && id != eos() && id != pad()) {
+      flush();
+      out += sp_->IdToPiece(id);
+    } else {
+      run.push_back(id);
+    }
+  }
+  flush();
   return out;
 }
 

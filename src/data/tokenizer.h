@@ -1,10 +1,17 @@
 // SentencePiece BPE tokenizer with byte fallback, trained deterministically (one thread, fixed
 // settings), so the same corpus always yields the same model bytes.
+//
+// Special tokens are SentencePiece control symbols: <s>, </s>, <pad> and the chat template's
+// markers (kChatMarkers). encode() never yields them, whatever the text holds, so text from a
+// client cannot forge a role or end marker (HF's split_special_tokens, llama.cpp's
+// parse_special = false); only encode_parts() turns the literal text of a special token into its
+// id, and only in the parts marked trusted (what a chat template itself wrote).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace sentencepiece {
@@ -13,6 +20,18 @@ class SentencePieceProcessor;
 
 namespace myriad::data {
 
+// The default chat template's role and end markers, control tokens of every tokenizer Myriad
+// trains (ids 4..8, after unk, bos, eos, pad).
+inline constexpr const char* kChatMarkers[] = {"<|system|>", "<|user|>", "<|assistant|>",
+                                               "<|tool|>", "<|end|>"};
+
+// A piece of text to tokenize: trusted text may hold special tokens (written as their literal
+// text); untrusted text is always plain text.
+struct TextPart {
+  std::string_view text;
+  bool trusted = false;
+};
+
 class Tokenizer {
  public:
   // Trains on docs (split into lines of at most a few KB) and writes the model to model_path.
@@ -20,8 +39,17 @@ class Tokenizer {
                          const std::string& model_path);
   static Tokenizer load(const std::string& model_path);
 
+  // Plain text: never yields a special token id.
   std::vector<int32_t> encode(std::string_view text) const;
+  // Parts in order: in a trusted part the literal text of a special token becomes its id; all
+  // other text (runs of adjacent parts together) is encoded as plain text.
+  std::vector<int32_t> encode_parts(const std::vector<TextPart>& parts) const;
+  // Text of ids; special tokens other than bos/eos/pad come out as their literal text (so a stop
+  // string such as "<|end|>" matches the generated marker).
   std::string decode(const std::vector<int32_t>& ids) const;
+  // The special tokens (control symbols) as (literal text, id), longest text first.
+  const std::vector<std::pair<std::string, int32_t>>& special_tokens() const { return specials_; }
+  bool is_special(int32_t id) const;
   int vocab_size() const;
   int bos() const { return 1; }
   int eos() const { return 2; }
@@ -34,7 +62,9 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  void index_specials();
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::vector<std::pair<std::string, int32_t>> specials_;
 };
 
 }  // namespace myriad::data

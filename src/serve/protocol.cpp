@@ -479,9 +479,11 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
 
 namespace {
 
-// Placeholders are substituted in one pass; inserted text is never scanned again.
-std::string fill(const std::string& pattern, const Message* m, const std::string& tools = "") {
-  std::string out;
+// Placeholders are substituted in one pass; inserted text is never scanned again. The
+// template's own text goes in as trusted (it may hold special tokens), what it inserts from the
+// request as untrusted.
+void fill(Prompt& p, const std::string& pattern, const Message* m, const std::string& tools = "") {
+  std::string literal;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '{') {
       const auto rest = std::string_view(pattern).substr(i);
@@ -493,7 +495,8 @@ std::string fill(const std::string& pattern, const Message* m, const std::string
       bool hit = false;
       for (const auto& [k, v] : keys) {
         if (v && rest.substr(0, k.size()) == k) {
-          out += *v;
+          p.add(std::exchange(literal, {}), true);
+          p.add(*v, false);
           i += k.size() - 1;
           hit = true;
           break;
@@ -501,9 +504,9 @@ std::string fill(const std::string& pattern, const Message* m, const std::string
       }
       if (hit) continue;
     }
-    out += pattern[i];
+    literal += pattern[i];
   }
-  return out;
+  p.add(literal, true);
 }
 
 }  // namespace
@@ -524,6 +527,15 @@ std::string format_tool_call(const ToolCall& c) {
   return std::string(kOpen) + out + std::string(kClose);
 }
 
+void Prompt::add(std::string_view s, bool trusted) {
+  if (s.empty()) return;
+  text += s;
+  if (!parts.empty() && parts.back().trusted == trusted)
+    parts.back().text += s;
+  else
+    parts.push_back({std::string(s), trusted});
+}
+
 Prompt render_chat(const ChatTemplate& t, const ChatRequest& r) {
   Prompt p;
   p.bos = t.bos;
@@ -537,27 +549,27 @@ Prompt render_chat(const ChatTemplate& t, const ChatRequest& r) {
       if (!tool.parameters.is_null()) d["parameters"] = tool.parameters;
       list += d.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
     }
-    p.text += fill(t.tools, nullptr, list);
+    fill(p, t.tools, nullptr, list);
   }
   for (const auto& m : r.messages) {
     if (m.role == "assistant") {
       Message a = m;
       for (const auto& c : m.tool_calls) a.content += format_tool_call(c);
-      p.text += fill(t.assistant, &a);
+      fill(p, t.assistant, &a);
     } else if (m.role == "tool") {
-      p.text += fill(t.tool, &m);
+      fill(p, t.tool, &m);
     } else {
-      p.text += fill(m.role == "user" ? t.user : t.system, &m);
+      fill(p, m.role == "user" ? t.user : t.system, &m);
     }
   }
-  p.text += t.generation;
+  p.add(t.generation, true);
   if (tools && r.tool_choice.mode == ToolChoice::Function)
     p.forced_prefix =
         "<tool_call>{\"name\": " + json(r.tool_choice.name).dump() + ", \"arguments\": ";
   else if (tools && r.tool_choice.mode == ToolChoice::Required)
     p.forced_prefix = "<tool_call>{\"name\": \"";
   if (!p.forced_prefix.empty()) {
-    p.text += p.forced_prefix;
+    p.add(p.forced_prefix, false);  // holds the tool name from the request
     p.stop.push_back("</tool_call>");
   }
   return p;

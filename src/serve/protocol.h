@@ -103,11 +103,20 @@ struct ChatTemplate {
   static ChatTemplate from_model_dir(const std::string& dir);
 };
 
+// One piece of a rendered prompt: text the template wrote (trusted: the literal text of a special
+// token in it becomes that token) or text from the request (never parsed for special tokens).
+struct PromptPart {
+  std::string text;
+  bool trusted = false;
+};
+
 struct Prompt {
-  std::string text;           // everything the model reads (including any forced prefix)
-  std::string forced_prefix;  // the opening of a forced tool call, already in text
+  std::string text;               // everything the model reads (including any forced prefix)
+  std::vector<PromptPart> parts;  // text, split by who wrote it (tokenize these, not text)
+  std::string forced_prefix;      // the opening of a forced tool call, already in text
   std::vector<std::string> stop;
   bool bos = false;
+  void add(std::string_view s, bool trusted);  // appends to text and parts
 };
 Prompt render_chat(const ChatTemplate& t, const ChatRequest& r);
 

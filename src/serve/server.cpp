@@ -199,9 +199,7 @@ struct Server::Impl {
     Job job;
     job.req = parse_chat_request(http.body, cfg.limits);
     job.prompt = render_chat(tmpl, job.req);
-    if (job.prompt.bos) job.ids.push_back(tok.bos());
-    const auto ids = tok.encode(job.prompt.text);
-    job.ids.insert(job.ids.end(), ids.begin(), ids.end());
+    job.ids = prompt_ids(tok, job.prompt);
     sampling(job, job.req.params);
     for (const auto& s : job.prompt.stop) job.sp.stop.push_back(s);
     check_context(job, job.req.params);
@@ -590,6 +588,14 @@ struct Server::Impl {
     if (listener.joinable()) listener.join();
   }
 };
+
+std::vector<int32_t> prompt_ids(const data::Tokenizer& tok, const Prompt& p) {
+  std::vector<data::TextPart> parts;
+  for (const auto& part : p.parts) parts.push_back({part.text, part.trusted});
+  std::vector<int32_t> ids = tok.encode_parts(parts);
+  if (p.bos) ids.insert(ids.begin(), tok.bos());
+  return ids;
+}
 
 Server::Server(infer::Engine& engine, const data::Tokenizer& tokenizer, ChatTemplate chat_template,
                ServeConfig config)

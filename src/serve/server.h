@@ -5,6 +5,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "infer/engine.h"
 #include "serve/protocol.h"
@@ -19,6 +20,10 @@ struct ServeConfig {
   std::string api_key;      // non-empty: /v1/* need "Authorization: Bearer <api_key>"
   double ping_seconds = 5;  // SSE comment after this long without tokens (finds gone clients)
 };
+
+// The token ids of a rendered chat prompt: bos when the template asks for it, then the parts
+// (special tokens only from the template's own text).
+std::vector<int32_t> prompt_ids(const data::Tokenizer& tok, const Prompt& p);
 
 class Server {
  public:

@@ -35,6 +35,12 @@ TEST(Tokenizer, RoundTripAndSpecials) {
   // Digits are split, so every 5-digit number is 5 digit pieces after the space.
   EXPECT_EQ(tok.encode("12345").size(), tok.encode("99999").size());
   EXPECT_THROW(tok.decode({tok.vocab_size()}), myriad::Error);
+  // The chat markers are control tokens 4..8: only trusted text yields them.
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(tok.encode_parts({{kChatMarkers[i], true}}), std::vector<int32_t>{4 + i});
+    EXPECT_TRUE(tok.is_special(4 + i));
+    for (int32_t id : tok.encode(kChatMarkers[i])) EXPECT_FALSE(tok.is_special(id));
+  }
 }
 
 TEST(Tokenizer, TrainingIsDeterministicAndLoads) {
