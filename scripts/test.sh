@@ -3,7 +3,8 @@
 # nvcc is present; its tests run when a GPU is visible and print as skipped otherwise), runs every
 # test, then rebuilds CPU-only with AddressSanitizer + UBSan and runs the tests again.
 # Last, the fuzz targets for the untrusted-input parsers run for a bounded time
-# (MYRIAD_FUZZ_SECONDS per target, default 30 here). MYRIAD_SKIP_ASAN=1 skips the sanitizer pass.
+# (MYRIAD_FUZZ_SECONDS per target, default 30 here). MYRIAD_SKIP_ASAN=1 skips the sanitizer pass;
+# a ThreadSanitizer build runs the engine and server tests (MYRIAD_SKIP_TSAN=1 skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -33,6 +34,18 @@ if [ "${MYRIAD_SKIP_ASAN:-0}" != 1 ]; then
   cmake --preset debug-asan >/dev/null
   cmake --build --preset debug-asan -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset debug-asan -j "$jobs"
+fi
+
+if [ "${MYRIAD_SKIP_TSAN:-0}" != 1 ]; then
+  # The engine's, scheduler's and server's own threads; libgomp is not built for TSan, so OpenMP
+  # is held to the calling thread (OMP_THREAD_LIMIT=1) and every thread checked is Myriad's.
+  echo "== ThreadSanitizer: engine, scheduler and server tests =="
+  cmake --preset tsan >/dev/null
+  cmake --build --preset tsan -j "$jobs"
+  for t in test_infer test_serve; do
+    OMP_THREAD_LIMIT=1 OMP_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      build/tsan/$t --gtest_brief=1
+  done
 fi
 
 echo "== fuzz targets (${MYRIAD_FUZZ_SECONDS:-30} s each) =="
