@@ -1,7 +1,5 @@
 #include "cli/train.h"
 
-#include <omp.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +8,6 @@
 #include <optional>
 
 #include "core/tensor.h"
-#include "train/evals.h"
 #include "train/recipe.h"
 #include "train/report.h"
 #include "train/trainer.h"
@@ -19,9 +16,6 @@ namespace myriad::cli {
 namespace fs = std::filesystem;
 using train::Recipe;
 using train::RunReport;
-using train::StageEnd;
-using train::StageEvaluator;
-using train::StageOutcome;
 
 bool TrainArgs::selected() const {
   return (train && train->parsed()) || (report && report->parsed());
@@ -59,52 +53,6 @@ void export_model(const model::Decoder& dec, const std::string& tokenizer, const
   dec.config().save((dir / "config.json").string());
   dec.weights().save((dir / "model.safetensors").string());
   fs::copy_file(tokenizer, dir / "tokenizer.model", fs::copy_options::overwrite_existing);
-}
-
-// Stage-end evaluation with one OpenMP thread: tiny models decode faster that way (evals.h).
-StageOutcome run_evals(StageEvaluator& ev, const StageEnd& e, bool spike) {
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
-  StageOutcome o;
-  try {
-    o = ev.evaluate(e.decoder, e.tokenizer, e.name, e.seq_len, e.step, e.heldout_loss, spike);
-  } catch (...) {
-    omp_set_num_threads(threads);
-    throw;
-  }
-  omp_set_num_threads(threads);
-  return o;
-}
-
-void print_outcome(const StageOutcome& o) {
-  std::printf("eval %-10s (%.0f s):", o.stage.c_str(), o.seconds);
-  for (const auto& g : o.grids) {
-    std::printf("  %s", g.task.c_str());
-    for (size_t i = 0; i < g.lengths.size(); ++i)
-      std::printf(" %lld:%.2f", static_cast<long long>(g.lengths[i]), g.at(i));
-  }
-  std::printf("\n  gate %s", o.gate.pass ? "pass" : "FAIL");
-  for (const auto& r : o.gate.reasons) std::printf("; %s", r.c_str());
-  std::printf("\n");
-  std::fflush(stdout);
-}
-
-void record_outcome(RunReport& rep, const StageOutcome& o) {
-  double passkey = -1;
-  for (const auto& g : o.grids) {
-    rep.stage_eval(o.stage, g.task, g.lengths, g.depths, g.accuracy);
-    if (g.task == "passkey") passkey = g.mean;
-  }
-  nlohmann::json row = {{"stage", o.stage},
-                        {"seq_len", o.seq_len},
-                        {"step", o.step},
-                        {"heldout_loss", o.heldout_loss},
-                        {"effective_length", o.effective_length},
-                        {"gate", o.gate.pass},
-                        {"gate_reasons", o.gate.reasons},
-                        {"eval_seconds", o.seconds}};
-  if (passkey >= 0) row["passkey"] = passkey;
-  rep.stage_summary(row);
 }
 
 // Expert-load max-violation (TRAINING.md §4, per MoE layer) after warm-up, per stage: the mean
@@ -170,26 +118,8 @@ int train_command(const TrainArgs& a) {
       a.out.empty() ? (fs::path("runs") / fs::path(a.recipe).stem()).string() : a.out;
   const Recipe recipe = Recipe::load(a.recipe);
   train::Trainer t(recipe, out);
-  std::optional<StageEvaluator> evaluator;
-  bool gate_stop = false;
-  if (recipe.eval.enabled) {
-    evaluator.emplace(recipe.eval, recipe.seed + 0x9e3779b97f4a7c15ull);  // not training's seed
-    t.on_stage_end = [&](const StageEnd& e) {
-      const int64_t first = e.step - recipe.stages[e.index].steps;
-      bool spike = false;  // §5.4 (4): a spike in the stage's last 10%
-      for (const auto& s : t.monitor().spikes())
-        spike |= s.step > e.step - std::max<int64_t>(1, (e.step - first) / 10);
-      const StageOutcome o = run_evals(*evaluator, e, spike);
-      print_outcome(o);
-      if (e.report) record_outcome(*e.report, o);
-      if (!o.gate.pass && recipe.eval.gate == "stop" && e.index + 1 < recipe.stages.size()) {
-        gate_stop = true;
-        t.stop_after(e.step);
-      }
-    };
-  }
   t.run(a.resume);
-  if (gate_stop) {
+  if (t.gate_stopped()) {
     std::printf("stage gate failed and [eval] gate = \"stop\": training ends here\n");
     return 3;
   }
@@ -207,15 +137,14 @@ int train_command(const TrainArgs& a) {
   for (const auto& s : t.stage_results())
     std::printf("stage %-12s end step %6lld  held-out loss %.4f\n", s.name.c_str(),
                 static_cast<long long>(s.end_step), s.heldout_loss);
-  if (evaluator)
-    for (const auto& o : evaluator->outcomes()) {
-      std::printf("passkey %-10s", o.stage.c_str());
-      for (const auto& g : o.grids)
-        if (g.task == "passkey")
-          for (size_t i = 0; i < g.lengths.size(); ++i)
-            std::printf("  %lld: %.2f", static_cast<long long>(g.lengths[i]), g.at(i));
-      std::printf("   gate %s\n", o.gate.pass ? "pass" : "fail");
-    }
+  for (const auto& o : t.stage_outcomes()) {
+    std::printf("passkey %-10s", o.stage.c_str());
+    for (const auto& g : o.grids)
+      if (g.task == "passkey")
+        for (size_t i = 0; i < g.lengths.size(); ++i)
+          std::printf("  %lld: %.2f", static_cast<long long>(g.lengths[i]), g.at(i));
+    std::printf("   gate %s\n", o.gate.pass ? "pass" : "fail");
+  }
   print_balance(out, recipe);
   std::printf("skipped steps %lld, rollbacks %lld; report: %s/report.html\n",
               static_cast<long long>(t.monitor().skips()),

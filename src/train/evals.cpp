@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -306,6 +307,94 @@ StageOutcome StageEvaluator::evaluate(const model::Decoder& m, const data::Token
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   done_.push_back(o);
   return o;
+}
+
+namespace {
+// JSON has no NaN or infinity: those go as strings ("nan", "inf", "-inf").
+nlohmann::json real(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+}
+double real(const nlohmann::json& j) {
+  if (j.is_number()) return j.get<double>();
+  const std::string s = j.get<std::string>();
+  return s == "inf"    ? std::numeric_limits<double>::infinity()
+         : s == "-inf" ? -std::numeric_limits<double>::infinity()
+                       : std::numeric_limits<double>::quiet_NaN();
+}
+nlohmann::json reals(const std::vector<std::vector<double>>& m) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& row : m) {
+    nlohmann::json r = nlohmann::json::array();
+    for (double v : row) r.push_back(real(v));
+    a.push_back(std::move(r));
+  }
+  return a;
+}
+std::vector<std::vector<double>> reals(const nlohmann::json& a) {
+  std::vector<std::vector<double>> m;
+  for (const auto& row : a) {
+    m.emplace_back();
+    for (const auto& v : row) m.back().push_back(real(v));
+  }
+  return m;
+}
+}  // namespace
+
+nlohmann::json StageEvaluator::state() const {
+  nlohmann::json out = nlohmann::json::array();
+  for (const StageOutcome& o : done_) {
+    nlohmann::json grids = nlohmann::json::array();
+    for (const EvalGrid& g : o.grids)
+      grids.push_back({{"task", g.task},
+                       {"lengths", g.lengths},
+                       {"depths", g.depths},
+                       {"accuracy", reals(g.accuracy)},
+                       {"recovered", reals(g.recovered)},
+                       {"mean", real(g.mean)}});
+    out.push_back(
+        {{"stage", o.stage},
+         {"seq_len", o.seq_len},
+         {"step", o.step},
+         {"heldout_loss", real(o.heldout_loss)},
+         {"grids", grids},
+         {"effective_length", real(o.effective_length)},
+         {"gate", {{"pass", o.gate.pass}, {"reasons", o.gate.reasons}, {"notes", o.gate.notes}}},
+         {"seconds", real(o.seconds)}});
+  }
+  return {{"outcomes", out}};
+}
+
+void StageEvaluator::load_state(const nlohmann::json& j) {
+  std::vector<StageOutcome> done;
+  for (const auto& o : j.at("outcomes")) {
+    StageOutcome s;
+    s.stage = o.at("stage").get<std::string>();
+    s.seq_len = o.at("seq_len").get<int64_t>();
+    s.step = o.at("step").get<int64_t>();
+    s.heldout_loss = real(o.at("heldout_loss"));
+    for (const auto& g : o.at("grids")) {
+      EvalGrid e;
+      e.task = g.at("task").get<std::string>();
+      e.lengths = g.at("lengths").get<std::vector<int64_t>>();
+      e.depths = g.at("depths").get<std::vector<double>>();
+      e.accuracy = reals(g.at("accuracy"));
+      e.recovered = reals(g.at("recovered"));
+      e.mean = real(g.at("mean"));
+      s.grids.push_back(std::move(e));
+    }
+    s.effective_length = real(o.at("effective_length"));
+    s.gate.pass = o.at("gate").at("pass").get<bool>();
+    s.gate.reasons = o.at("gate").at("reasons").get<std::vector<std::string>>();
+    s.gate.notes = o.at("gate").at("notes").get<std::vector<std::string>>();
+    s.seconds = real(o.at("seconds"));
+    done.push_back(std::move(s));
+  }
+  done_ = std::move(done);
+}
+
+void StageEvaluator::forget_after(int64_t step) {
+  std::erase_if(done_, [&](const StageOutcome& o) { return o.step > step; });
 }
 
 }  // namespace myriad::train

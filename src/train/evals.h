@@ -14,6 +14,7 @@
 // (1.5–4 s per item with 2 threads in the same test): evaluate them with one thread.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -108,7 +109,9 @@ struct StageOutcome {
 };
 
 // Runs the recipe's grids at each stage end and gates it against the previous stage. Stateful:
-// it keeps the previous stage's grids and stage 0's held-out loss.
+// it keeps every stage's outcome (the previous stage's grids, stage 0's held-out loss, and the
+// count that picks the next stage's item seed); state() / load_state() carry that through a
+// checkpoint, so a resumed run evaluates and gates exactly as the uninterrupted one.
 class StageEvaluator {
  public:
   StageEvaluator(EvalRecipe recipe, uint64_t seed) : r_(std::move(recipe)), seed_(seed) {}
@@ -119,6 +122,11 @@ class StageEvaluator {
                         const std::string& stage, int64_t seq_len, int64_t step,
                         double heldout_loss, bool unresolved_spike);
   const std::vector<StageOutcome>& outcomes() const { return done_; }
+  // Exact (doubles round-trip through JSON; non-finite ones are written as strings).
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& j);
+  // Drops the outcomes of stages that ended after `step` (a rollback past a stage end redoes it).
+  void forget_after(int64_t step);
 
  private:
   EvalRecipe r_;

@@ -1,8 +1,12 @@
 #include "train/report.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -34,11 +38,11 @@ std::string esc(const std::string& s) {
   return o;
 }
 
+// SVG coordinates: one decimal.
 std::string num(double v) {
-  std::ostringstream s;
-  s.precision(4);
-  s << v;
-  return s.str();
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", v);
+  return b;
 }
 
 const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
@@ -46,68 +50,230 @@ const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
 
 using Series = std::vector<std::pair<int64_t, double>>;
 
-// A line plot of named series over steps; y on a log scale when asked (all values > 0).
-std::string line_plot(const std::string& title,
-                      const std::vector<std::pair<std::string, Series>>& s, bool logy = false) {
-  const double W = 640, H = 240, L = 60, R = 170, T = 24, B = 30;
-  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+// ---- SVG helpers ----
+std::string text(double x, double y, const std::string& s, const char* anchor = "start",
+                 const std::string& extra = "") {
+  return "<text x=\"" + num(x) + "\" y=\"" + num(y) + "\" text-anchor=\"" + anchor + "\"" +
+         (extra.empty() ? "" : " " + extra) + ">" + esc(s) + "</text>";
+}
+std::string rect(double x, double y, double w, double h, const std::string& style) {
+  return "<rect x=\"" + num(x) + "\" y=\"" + num(y) + "\" width=\"" + num(w) + "\" height=\"" +
+         num(h) + "\" " + style + "/>";
+}
+std::string line(double x0, double y0, double x1, double y1, const std::string& style) {
+  return "<line x1=\"" + num(x0) + "\" y1=\"" + num(y0) + "\" x2=\"" + num(x1) + "\" y2=\"" +
+         num(y1) + "\" " + style + "/>";
+}
+std::string svg_open(const char* cls, double w, double h) {
+  return std::string("<svg class=\"") + cls + "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" +
+         num(w) + "\" height=\"" + num(h) + "\">";
+}
+std::string rgb(double r, double g, double b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "#%02x%02x%02x", static_cast<int>(r), static_cast<int>(g),
+                static_cast<int>(b));
+  return s;
+}
+// Piecewise-linear colour map through `stops` (RGB) at t in [0, 1].
+std::string ramp(double t, const std::vector<std::array<double, 3>>& stops) {
+  t = std::clamp(std::isfinite(t) ? t : 0.0, 0.0, 1.0) * static_cast<double>(stops.size() - 1);
+  const size_t i = std::min(static_cast<size_t>(t), stops.size() - 2);
+  const double f = t - static_cast<double>(i);
+  const auto &a = stops[i], &b = stops[i + 1];
+  return rgb(a[0] + f * (b[0] - a[0]), a[1] + f * (b[1] - a[1]), a[2] + f * (b[2] - a[2]));
+}
+// Accuracy: red (0), yellow (0.5), green (1). Expert load relative to the mean: blue (0), white
+// (1), red (≥ 2).
+std::string acc_colour(double a) {
+  return ramp(a, {{{215, 48, 39}}, {{254, 224, 139}}, {{26, 152, 80}}});
+}
+std::string load_colour(double v) {
+  return ramp(v / 2, {{{33, 102, 172}}, {{247, 247, 247}}, {{178, 24, 43}}});
+}
+// A horizontal colour scale: `n` swatches from colour(0) to colour(1), labelled at both ends.
+std::string colour_scale(const std::function<std::string(double)>& colour, const std::string& lo,
+                         const std::string& mid, const std::string& hi) {
+  const int n = 20;
+  const double w = 10, x0 = 40;
+  std::string o = svg_open("scale", x0 * 2 + n * w, 30);
+  for (int i = 0; i < n; ++i)
+    o += rect(x0 + i * w, 2, w, 12, "fill=\"" + colour((i + .5) / n) + "\"");
+  o += text(x0 - 4, 12, lo, "end") + text(x0 + n * w / 2, 27, mid, "middle") +
+       text(x0 + n * w + 4, 12, hi);
+  return o + "</svg>";
+}
+
+// A stage's start on the time axis (between its first step and the step before) and its label.
+struct StageMark {
+  double x;
+  std::string label;
+};
+
+struct Line {
+  std::string name;
+  Series pts;
+  bool dots = false;  // markers only (e.g. the held-out loss at stage ends)
+};
+
+std::string legend(const std::vector<Line>& lines) {
+  std::string o = "<div class=\"legend\">";
+  for (size_t i = 0; i < lines.size(); ++i)
+    o += std::string("<span><i style=\"background:") + kColors[i % 8] +
+         (lines[i].dots ? ";border-radius:50%;width:8px;height:8px" : "") + "\"></i>" +
+         esc(lines[i].name) + "</span>";
+  return o + "</div>";
+}
+
+// A line plot over steps with ticked axes, the stage boundaries and a legend above it; y on a
+// log scale when asked (points ≤ 0 are then left out). Empty without data.
+std::string line_plot(const std::string& title, const std::string& ylabel,
+                      const std::vector<Line>& lines, const std::vector<StageMark>& stages,
+                      bool logy = false) {
+  const double W = 640, H = 250, L = 64, R = 14, T = 20, B = 42;
+  auto ok = [&](double y) { return std::isfinite(y) && (!logy || y > 0); };
   auto fy = [&](double v) { return logy ? std::log10(v) : v; };
-  for (const auto& [name, pts] : s)
-    for (const auto& [x, y] : pts)
-      if (std::isfinite(y) && (!logy || y > 0)) {
+  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+  for (const auto& l : lines)
+    for (const auto& [x, y] : l.pts)
+      if (ok(y)) {
         x0 = std::min<double>(x0, x), x1 = std::max<double>(x1, x);
         y0 = std::min(y0, fy(y)), y1 = std::max(y1, fy(y));
       }
-  std::ostringstream o;
-  o << "<h2>" << esc(title)
-    << "</h2>\n<svg class=\"plot\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W
-    << "\" height=\"" << H << "\">";
-  o << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << W - L - R << "\" height=\""
-    << H - T - B << "\" fill=\"none\" stroke=\"#888\"/>";
-  if (x0 > x1) return o.str() + "<text x=\"80\" y=\"120\">no data</text></svg>\n";
-  if (x1 == x0) x1 = x0 + 1;
-  if (y1 == y0) y1 = y0 + 1;
+  if (x0 > x1) return "";  // no data
+  std::string o = "<div class=\"card\"><h2>" + esc(title) + "</h2>";
+  if (lines.size() > 1) o += legend(lines);
+  o += svg_open("plot", W, H);
+  for (const auto& s : stages) x0 = std::min(x0, s.x);
+  if (x1 - x0 < 1) x1 = x0 + 1;
+  const double pad =
+      y1 > y0 ? 0.05 * (y1 - y0) : (logy ? 0.05 : std::max(0.05 * std::abs(y0), 1e-9));
+  y0 -= pad, y1 += pad;
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
-  auto py = [&](double y) { return H - B - (fy(y) - y0) / (y1 - y0) * (H - T - B); };
-  auto lab = [&](double v) { return num(logy ? std::pow(10.0, v) : v); };
-  o << "<text x=\"" << L - 4 << "\" y=\"" << T + 10 << "\" text-anchor=\"end\" font-size=\"10\">"
-    << lab(y1) << "</text><text x=\"" << L - 4 << "\" y=\"" << H - B
-    << "\" text-anchor=\"end\" font-size=\"10\">" << lab(y0) << "</text>";
-  o << "<text x=\"" << L << "\" y=\"" << H - 12 << "\" font-size=\"10\">step " << x0
-    << "</text><text x=\"" << W - R << "\" y=\"" << H - 12
-    << "\" text-anchor=\"end\" font-size=\"10\">" << x1 << "</text>";
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char* c = kColors[i % 8];
-    o << "<polyline fill=\"none\" stroke=\"" << c << "\" stroke-width=\"1.5\" points=\"";
-    for (const auto& [x, y] : s[i].second)
-      if (std::isfinite(y) && (!logy || y > 0)) o << num(px(x)) << "," << num(py(y)) << " ";
-    o << "\"/><text x=\"" << W - R + 8 << "\" y=\"" << T + 12 + 14 * i
-      << "\" font-size=\"11\" fill=\"" << c << "\">" << esc(s[i].first) << "</text>";
+  auto py = [&](double v) { return H - B - (fy(v) - y0) / (y1 - y0) * (H - T - B); };
+  // Stage bands (every other one shaded), boundaries and length labels.
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const double a = px(std::max(stages[i].x, x0));
+    const double b = i + 1 < stages.size() ? px(stages[i + 1].x) : W - R;
+    if (i % 2) o += rect(a, T, b - a, H - T - B, "fill=\"#f1f4f9\"");
+    if (stages[i].x > x0) o += line(a, T, a, H - B, "stroke=\"#7a869a\" stroke-dasharray=\"4,3\"");
+    if (b - a > 18) o += text(a + 3, T - 6, stages[i].label, "start", "class=\"stage\"");
   }
-  return o.str() + "</svg>\n";
-}
-
-// Blue (0) - white (1) - red (≥ 2) for relative loads; white-green for accuracies.
-std::string load_colour(double v) {
-  const double t = std::clamp(v, 0.0, 2.0);
-  int r = 255, g = 255, b = 255;
-  if (t < 1)
-    r = g = static_cast<int>(255 * t);
-  else
-    g = b = static_cast<int>(255 * (2 - t));
-  std::ostringstream o;
-  o << "rgb(" << r << "," << g << "," << b << ")";
-  return o.str();
-}
-
-std::string acc_colour(double a) {
-  const int v = static_cast<int>(255 * (1 - std::clamp(a, 0.0, 1.0)));
-  std::ostringstream o;
-  o << "rgb(" << v << "," << std::min(255, v + 120) << "," << v << ")";
-  return o.str();
+  // Grid lines and ticks.
+  const double lo = logy ? std::pow(10.0, y0) : y0, hi = logy ? std::pow(10.0, y1) : y1;
+  for (double v : axis_ticks(lo, hi, logy))
+    o += line(L, py(v), W - R, py(v), "stroke=\"#e3e3e3\"") +
+         text(L - 6, py(v) + 4, format_number(v), "end");
+  std::vector<double> xt = axis_ticks(x0, x1);
+  if (xt.size() > 1 && xt[1] - xt[0] < 1) xt = {x0, x1};  // steps are integers
+  for (double v : xt)
+    o += line(px(v), H - B, px(v), H - B + 4, "stroke=\"#444\"") +
+         text(px(v), H - B + 16, v >= 1e4 ? format_count(v) : format_number(v), "middle");
+  o += rect(L, T, W - L - R, H - T - B, "fill=\"none\" stroke=\"#888\"");
+  o += text((L + W - R) / 2, H - 6, "step", "middle", "class=\"axis\"");
+  o += text(0, 0, ylabel + (logy ? " (log)" : ""), "middle",
+            "class=\"axis\" transform=\"translate(14," + num((T + H - B) / 2) + ") rotate(-90)\"");
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const char* c = kColors[i % 8];
+    if (lines[i].dots) {
+      for (const auto& [x, y] : lines[i].pts)
+        if (ok(y))
+          o += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) + "\" r=\"3.5\" fill=\"" + c +
+               "\"/>";
+      continue;
+    }
+    o += std::string("<polyline fill=\"none\" stroke=\"") + c + "\" stroke-width=\"1.5\" points=\"";
+    for (const auto& [x, y] : lines[i].pts)
+      if (ok(y)) o += num(px(x)) + "," + num(py(y)) + " ";
+    o += "\"/>";
+  }
+  return o + "</svg></div>\n";
 }
 
 }  // namespace
+
+std::string format_length(int64_t n) {
+  auto in = [&](double unit, const char* u) {
+    const double x = static_cast<double>(n) / unit;
+    char b[32];
+    std::snprintf(b, sizeof b, x == std::round(x) ? "%.0f%s" : "%.3g%s", x, u);
+    return std::string(b);
+  };
+  if (n >= (1 << 20)) return in(1 << 20, "M");
+  if (n >= 1024) return in(1024, "K");
+  return std::to_string(n);
+}
+
+std::string format_count(double n) {
+  if (!std::isfinite(n)) return "–";
+  const double a = std::abs(n);
+  auto in = [&](double unit, const char* u) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3g%s", n / unit, u);
+    return std::string(b);
+  };
+  if (a >= 1e9) return in(1e9, "B");
+  if (a >= 1e6) return in(1e6, "M");
+  if (a >= 1e4) return in(1e3, "K");
+  return format_number(std::round(n));
+}
+
+std::string format_number(double v) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "–" : v > 0 ? "∞" : "-∞";
+  if (v == 0) return "0";
+  char b[32];
+  const double a = std::abs(v);
+  if (a >= 1e-2 && a < 1e5) {
+    std::snprintf(b, sizeof b, a >= 1e3 ? "%.0f" : "%.4g", v);
+    return b;
+  }
+  int e = static_cast<int>(std::floor(std::log10(a)));
+  std::snprintf(b, sizeof b, "%.3g", v / std::pow(10.0, e));
+  if (std::abs(std::atof(b)) >= 10) std::snprintf(b, sizeof b, "%.3g", v / std::pow(10.0, ++e));
+  return std::string(b) + "e" + std::to_string(e);
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "–";
+  char b[48];
+  if (s < 10)
+    std::snprintf(b, sizeof b, "%.1f s", s);
+  else if (s < 60)
+    std::snprintf(b, sizeof b, "%.0f s", s);
+  else if (s < 3600)
+    std::snprintf(b, sizeof b, "%d min %02d s", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  else
+    std::snprintf(b, sizeof b, "%d h %02d min", static_cast<int>(s) / 3600,
+                  static_cast<int>(s) % 3600 / 60);
+  return b;
+}
+
+std::vector<double> axis_ticks(double lo, double hi, bool log) {
+  std::vector<double> t;
+  if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi)) return t;
+  if (log && lo > 0 && hi / lo >= 10) {
+    const int d0 = static_cast<int>(std::floor(std::log10(lo)));
+    const int d1 = static_cast<int>(std::ceil(std::log10(hi)));
+    const bool fine = d1 - d0 <= 3;
+    for (int d = d0; d <= d1; ++d)
+      for (double m : fine ? std::vector<double>{1, 2, 5} : std::vector<double>{1}) {
+        const double v = m * std::pow(10.0, d);
+        if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) t.push_back(v);
+      }
+    return t;
+  }
+  if (hi == lo) return {lo};
+  const double span = hi - lo, mag = std::pow(10.0, std::floor(std::log10(span / 6)));
+  double step = 10 * mag;
+  for (double m : {1.0, 2.0, 5.0})
+    if (span / (m * mag) <= 7) {
+      step = m * mag;
+      break;
+    }
+  for (auto k = static_cast<int64_t>(std::ceil(lo / step - 1e-9)); k * step <= hi + 1e-9 * step;
+       ++k)
+    if (!log || k * step > 0) t.push_back(static_cast<double>(k) * step);
+  return t;
+}
 
 namespace {
 
@@ -227,110 +393,310 @@ void RunReport::expert_load(int64_t step, int64_t layer, const std::vector<doubl
   ingest({{"step", step}, {"layer", layer}, {"expert_load", loads}}, true);
 }
 
+namespace {
+
+double last(const Series& s) {
+  return s.empty() ? NAN : s.back().second;
+}
+// The value of `s` at `step`, else the last one before it.
+double at_or_before(const Series& s, int64_t step) {
+  double v = NAN;
+  for (const auto& [x, y] : s)
+    if (x <= step) v = y;
+  return v;
+}
+
+const char* kStyle =
+    "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1340px}"
+    "h1{font-size:22px;margin:0 0 2px}h2{font-size:14px;margin:0 0 4px}"
+    "h3{font-size:14px;margin:14px 0 4px}.path{color:#777;font-size:12px;margin:0 0 12px}"
+    ".summary{display:flex;flex-wrap:wrap;gap:10px;margin:8px 0}"
+    ".stat{background:#f3f5f8;border-radius:6px;padding:6px 12px}"
+    ".stat b{display:block;font-size:17px}.stat span{font-size:11px;color:#666}"
+    ".losses{font-size:13px;margin:6px 0 14px}"
+    ".grid{display:flex;flex-wrap:wrap;gap:14px 24px}.card{margin:6px 0;max-width:640px}"
+    ".legend{font-size:12px;margin:0 0 2px;display:flex;flex-wrap:wrap;gap:2px 14px}"
+    ".legend i{display:inline-block;width:14px;height:3px;margin:0 5px 3px 0;"
+    "vertical-align:middle}"
+    "table{border-collapse:collapse;font-size:12px;margin:6px 0 14px}"
+    "td,th{border:1px solid #ddd;padding:3px 8px;text-align:right;vertical-align:top}"
+    "th{background:#f3f5f8}td:first-child,td.gate{text-align:left}.pass{color:#1a7f37}"
+    ".fail{color:#c62828}.why{color:#666;font-size:11px;text-align:left}"
+    "svg{display:block;font-size:11px}svg .axis{font-size:12px;fill:#444}"
+    "svg .stage{font-size:11px;fill:#51607a;font-weight:bold}";
+
+}  // namespace
+
 std::string RunReport::html() const {
   auto pick = [&](auto pred) {
-    std::vector<std::pair<std::string, Series>> out;
+    std::vector<Line> out;
     for (const auto& [k, v] : series_)
-      if (pred(k)) out.emplace_back(k, v);
+      if (pred(k)) out.push_back({k, v});
     return out;
   };
   auto has = [](const std::string& k, const char* s) { return k.find(s) != std::string::npos; };
+  auto get = [&](const char* k) { return series_.count(k) ? series_.at(k) : Series{}; };
+  // Stage rows: the recorded ones, else (older runs without eval) from the held-out records.
+  std::vector<nlohmann::json> rows = summaries_;
+  if (rows.empty())
+    for (const auto& [step, i] : get("stage/end"))
+      rows.push_back({{"stage", "stage " + std::to_string(static_cast<int>(i))},
+                      {"index", static_cast<int>(i)},
+                      {"step", step},
+                      {"heldout_loss", at_or_before(get("heldout/loss"), step)}});
+  // Stage starts and lengths: per-step "stage" / "seq_len" records, "stage/end", the rows.
+  std::map<int, double> start;
+  std::map<int, int64_t> len;
+  const Series stage = get("stage"), seq_len = get("seq_len");
+  for (const auto& [step, i] : stage)
+    if (!start.count(static_cast<int>(i))) start[static_cast<int>(i)] = step - 0.5;
+  for (const auto& [step, i] : seq_len)
+    len[static_cast<int>(at_or_before(stage, step))] = static_cast<int64_t>(i);
+  for (const auto& [step, i] : get("stage/end")) start[static_cast<int>(i) + 1] = step + 0.5;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const int i = rows[k].value("index", static_cast<int>(k));
+    if (rows[k].contains("seq_len") && rows[k]["seq_len"].is_number())
+      len[i] = rows[k]["seq_len"].get<int64_t>();
+    if (rows[k].contains("step") && rows[k]["step"].is_number())
+      start[i + 1] = rows[k]["step"].get<double>() + 0.5;
+  }
+  std::vector<StageMark> marks;
+  const int64_t last_step =
+      series_.count("loss") && !get("loss").empty() ? get("loss").back().first : 0;
+  for (const auto& [i, x] : start)
+    if (i == 0 || x < last_step)
+      marks.push_back(
+          {i == 0 ? 0.5 : x, len.count(i) ? format_length(len[i]) : "stage " + std::to_string(i)});
+  if (!marks.empty() && !start.count(0))
+    marks.insert(marks.begin(), {0.5, len.count(0) ? format_length(len[0]) : "stage 0"});
+
   std::ostringstream o;
-  o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>Myriad run report</title>"
-       "<style>body{font-family:sans-serif;margin:20px}h2{font-size:15px;margin:18px 0 4px}"
-       "svg{display:block}</style></head><body>\n<h1>Myriad run report</h1>\n";
-  o << "<p>" << esc(dir_) << "</p>\n";
-  const std::string mine = contrast_label_.empty() ? "loss" : "this run";
-  auto with_contrast = [&](std::vector<std::pair<std::string, Series>> v, const Series& other) {
-    if (!contrast_label_.empty() && !other.empty()) v.emplace_back(contrast_label_, other);
-    return v;
-  };
-  if (!summaries_.empty()) {
-    o << "<h2>Stages</h2>\n<table border=\"1\" cellpadding=\"4\" "
-         "style=\"border-collapse:collapse;font-size:12px\"><tr><th>stage</th><th>length</th>"
-         "<th>end step</th><th>held-out loss</th><th>passkey (mean)</th><th>effective length</th>"
-         "<th>gate</th><th>eval s</th></tr>\n";
-    auto cell = [&](const nlohmann::json& r, const char* k) {
-      if (!r.contains(k) || r[k].is_null()) return std::string("-");
-      return r[k].is_number() ? num(r[k].get<double>()) : esc(r[k].dump());
+  o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>Myriad run "
+       "report</title><style>"
+    << kStyle << "</style></head><body>\n<h1>Myriad run report</h1>\n<p class=\"path\">"
+    << esc(dir_) << "</p>\n";
+
+  // Summary line.
+  {
+    const Series loss = get("loss");
+    const double tokens = last(get("tokens"));
+    double wall = last(get("perf/wall_seconds"));
+    const bool train_time = !std::isfinite(wall);  // older runs: the sum of the step times
+    if (train_time) {
+      wall = 0;
+      for (const auto& [x, y] : get("perf/step_seconds")) wall += std::isfinite(y) ? y : 0;
+    }
+    int gates = 0, passed = 0;
+    for (const auto& r : rows)
+      if (r.contains("gate") && r["gate"].is_boolean()) ++gates, passed += r["gate"].get<bool>();
+    auto stat = [&](const std::string& v, const std::string& what) {
+      o << "<div class=\"stat\"><b>" << v << "</b><span>" << what << "</span></div>";
     };
-    for (const auto& r : summaries_) {
-      std::string gate = "-";
-      if (r.contains("gate")) {
-        gate = r["gate"].get<bool>() ? "pass" : "fail";
-        for (const auto& why : r.value("gate_reasons", nlohmann::json::array()))
-          gate += "<br/>" + esc(why.get<std::string>());
+    o << "<div class=\"summary\">";
+    if (!loss.empty())
+      stat(format_number(loss.back().second),
+           "train loss at step " + std::to_string(loss.back().first));
+    stat(std::to_string(rows.size()), rows.size() == 1 ? "stage done" : "stages done");
+    if (gates) stat(std::to_string(passed) + "/" + std::to_string(gates), "stage gates passed");
+    if (std::isfinite(tokens)) stat(format_count(tokens), "tokens");
+    if (wall > 0) stat(format_duration(wall), train_time ? "training time" : "wall time");
+    if (std::isfinite(tokens) && wall > 0) stat(format_count(tokens / wall), "tokens/s");
+    o << "</div>\n";
+    if (!rows.empty()) {
+      o << "<div class=\"losses\">Final loss per stage (held-out / train): ";
+      for (size_t k = 0; k < rows.size(); ++k) {
+        const auto& r = rows[k];
+        const int i = r.value("index", static_cast<int>(k));
+        double tl = r.contains("train_loss") && r["train_loss"].is_number()
+                        ? r["train_loss"].get<double>()
+                        : NAN;
+        if (!std::isfinite(tl) && r.contains("step"))
+          tl = at_or_before(loss, r["step"].get<int64_t>());
+        const double hl = r.contains("heldout_loss") && r["heldout_loss"].is_number()
+                              ? r["heldout_loss"].get<double>()
+                              : NAN;
+        o << (k ? " &nbsp;·&nbsp; " : "") << "<b>" << esc(r["stage"].get<std::string>()) << "</b>"
+          << (len.count(i) ? " (" + format_length(len[i]) + ")" : "") << " " << format_number(hl)
+          << " / " << format_number(tl);
       }
-      o << "<tr><td>" << esc(r["stage"].get<std::string>()) << "</td><td>" << cell(r, "seq_len")
-        << "</td><td>" << cell(r, "step") << "</td><td>" << cell(r, "heldout_loss") << "</td><td>"
-        << cell(r, "passkey") << "</td><td>" << cell(r, "effective_length") << "</td><td>" << gate
-        << "</td><td>" << cell(r, "eval_seconds") << "</td></tr>\n";
+      o << "</div>\n";
+    }
+  }
+
+  // Stage table.
+  if (!rows.empty()) {
+    auto cell = [&](const nlohmann::json& r, const char* k, std::string (*f)(double)) {
+      return r.contains(k) && r[k].is_number() ? f(r[k].get<double>()) : std::string("–");
+    };
+    o << "<table><tr><th>stage</th><th>length</th><th>end step</th><th>tokens</th><th>held-out "
+         "loss</th><th>passkey</th><th>effective length</th><th>gate</th><th>eval time</th></tr>\n";
+    for (const auto& r : rows) {
+      std::string gate = "–";
+      if (r.contains("gate") && r["gate"].is_boolean()) {
+        gate = r["gate"].get<bool>() ? "<span class=\"pass\">✓ pass</span>"
+                                     : "<span class=\"fail\">✗ fail</span>";
+        for (const auto& why : r.value("gate_reasons", nlohmann::json::array()))
+          gate += "<div class=\"why\">" + esc(why.get<std::string>()) + "</div>";
+      }
+      o << "<tr><td>" << esc(r["stage"].get<std::string>()) << "</td><td>"
+        << cell(r, "seq_len", [](double v) { return format_length(static_cast<int64_t>(v)); })
+        << "</td><td>" << cell(r, "step", format_number) << "</td><td>"
+        << cell(r, "tokens", format_count) << "</td><td>" << cell(r, "heldout_loss", format_number)
+        << "</td><td>"
+        << cell(r, "passkey",
+                [](double v) { return format_number(std::round(v * 1000) / 10) + "%"; })
+        << "</td><td>"
+        << cell(r, "effective_length",
+                [](double v) {
+                  return v > 0 ? format_length(static_cast<int64_t>(v)) : std::string("0");
+                })
+        << "</td><td class=\"gate\">" << gate << "</td><td>"
+        << cell(r, "eval_seconds", format_duration) << "</td></tr>\n";
     }
     o << "</table>\n";
   }
+
+  // Time series.
+  const std::string mine = contrast_label_.empty() ? "train" : "this run";
+  auto with_contrast = [&](std::vector<Line> v, const Series& other) {
+    if (!contrast_label_.empty() && !other.empty()) v.push_back({contrast_label_, other});
+    return v;
+  };
+  o << "<div class=\"grid\">\n";
   {
-    Series loss;
-    for (const char* k : {"loss", "loss/value"})
-      if (series_.count(k)) loss = series_.at(k);
-    Series other;
-    if (contrast_.count("loss")) other = contrast_.at("loss");
-    o << line_plot("Loss", with_contrast({{mine, loss}}, other));
+    Series loss = get("loss").empty() ? get("loss/value") : get("loss");
+    std::vector<Line> l =
+        with_contrast({{mine, loss}}, contrast_.count("loss") ? contrast_.at("loss") : Series{});
+    if (const Series h = get("heldout/loss"); !h.empty())
+      l.push_back({"held-out (stage end)", h, true});
+    double lo = 1e300, hi = 0;
+    for (const auto& x : l)
+      for (const auto& [s, y] : x.pts)
+        if (std::isfinite(y) && y > 0) lo = std::min(lo, y), hi = std::max(hi, y);
+    o << line_plot("Loss", "loss", l, marks, hi > 2 * lo);
   }
   if (const Series mv = max_over_layers(series_); !mv.empty())
     o << line_plot("Expert load max-violation (max over MoE layers of max_j c_j/q - 1)",
-                   with_contrast({{contrast_label_.empty() ? "max-violation" : mine, mv}},
-                                 max_over_layers(contrast_)));
-  o << line_plot("Learning rate",
-                 pick([&](const std::string& k) { return k == "lr" || has(k, "/lr"); }));
-  o << line_plot("Gradient norm", pick([](const std::string& k) { return k == "grad/norm"; }),
-                 true);
-  o << line_plot("Gradient jitter J",
-                 pick([](const std::string& k) { return k == "grad/jitter"; }));
-  o << line_plot("Routing entropy",
-                 pick([&](const std::string& k) { return has(k, "route/") && has(k, "entropy"); }));
-  for (const auto& [layer, rows] : loads_) {  // experts (y) × steps (x), c_j relative to mean
-    const size_t n = rows.empty() ? 0 : rows.front().second.size();
-    const double cw = std::max(2.0, 600.0 / std::max<size_t>(rows.size(), 1));
-    const double ch = std::max(2.0, 256.0 / std::max<size_t>(n, 1));
-    o << "<h2>Expert load, layer " << layer << " (experts × steps " << rows.front().first << ".."
-      << rows.back().first << "; blue 0, white mean, red ≥ 2× mean)</h2>\n<svg class=\"heatmap\" "
-      << "xmlns=\"http://www.w3.org/2000/svg\" width=\"" << num(cw * rows.size() + 2)
-      << "\" height=\"" << num(ch * n + 2) << "\">";
-    for (size_t t = 0; t < rows.size(); ++t) {
-      const auto& v = rows[t].second;
+                   "max-violation", with_contrast({{mine, mv}}, max_over_layers(contrast_)), marks);
+  o << line_plot("Learning rate", "lr",
+                 pick([&](const std::string& k) { return k == "lr" || has(k, "/lr"); }), marks);
+  o << line_plot("Gradient norm", "‖g‖",
+                 pick([](const std::string& k) { return k == "grad/norm"; }), marks, true);
+  o << line_plot("Gradient jitter J", "J",
+                 pick([](const std::string& k) { return k == "grad/jitter"; }), marks);
+  {  // One line per entropy kind: the mean over MoE layers (per-layer lines do not fit a legend).
+    std::map<std::string, std::map<int64_t, std::pair<double, int>>> kinds;
+    for (const auto& [k, v] : series_)
+      if (const size_t at = k.find("route/"); at != std::string::npos && has(k, "entropy"))
+        for (const auto& [step, x] : v)
+          if (std::isfinite(x)) {
+            auto& [sum, n] = kinds[k.substr(at + 6)][step];
+            sum += x, ++n;
+          }
+    std::vector<Line> l;
+    for (const auto& [kind, steps] : kinds) {
+      Series m;
+      for (const auto& [step, sn] : steps) m.emplace_back(step, sn.first / sn.second);
+      l.push_back({kind + " (mean over layers)", m});
+    }
+    o << line_plot("Routing entropy", "entropy", l, marks);
+  }
+  if (const Series tps = get("perf/tokens_per_s"); !tps.empty())
+    o << line_plot("Throughput", "tokens/s", {{"tokens/s", tps}}, marks);
+  o << "</div>\n";
+
+  // Eval grids: per stage, one length × depth heatmap per task.
+  if (!grids_.empty()) {
+    o << "<h2 style=\"margin-top:16px\">Long-context evaluation: accuracy by context length and "
+         "needle depth</h2>\n"
+      << colour_scale(acc_colour, "0%", "accuracy", "100%") << "\n";
+    std::vector<std::string> order;
+    for (const Grid& g : grids_)
+      if (std::find(order.begin(), order.end(), g.stage) == order.end()) order.push_back(g.stage);
+    for (const std::string& st : order) {
+      std::string head = "Stage " + esc(st);
+      for (const auto& r : rows)
+        if (r["stage"] == st) {
+          if (r.contains("seq_len"))
+            head += " (" + format_length(r["seq_len"].get<int64_t>()) + ")";
+          if (r.contains("gate") && r["gate"].is_boolean())
+            head += r["gate"].get<bool>() ? " — gate <span class=\"pass\">pass</span>"
+                                          : " — gate <span class=\"fail\">fail</span>";
+        }
+      o << "<h3>" << head << "</h3><div class=\"grid\">\n";
+      for (const Grid& g : grids_) {
+        if (g.stage != st) continue;
+        const size_t nd = std::max<size_t>(g.depths.size(), 1);
+        const double cw = g.depths.empty() ? 84 : 54, ch = 24, L = 62, T = 34;
+        const double W = L + cw * static_cast<double>(nd) + 6,
+                     H = T + ch * static_cast<double>(g.lengths.size()) + 6;
+        o << "<div class=\"card\"><h2>" << esc(g.task) << " accuracy, stage " << esc(g.stage)
+          << "</h2>" << svg_open("evalgrid", W, H);
+        o << text(L + cw * nd / 2, 11, g.depths.empty() ? "random depth" : "needle depth", "middle",
+                  "class=\"axis\"");
+        o << text(0, 0, "length", "middle",
+                  "class=\"axis\" transform=\"translate(12," +
+                      num(T + ch * g.lengths.size() / 2.0) + ") rotate(-90)\"");
+        for (size_t j = 0; j < nd; ++j)
+          if (!g.depths.empty())
+            o << text(L + cw * (j + 0.5), T - 6,
+                      format_number(std::round(g.depths[j] * 1000) / 10) + "%", "middle");
+        for (size_t i = 0; i < g.lengths.size(); ++i) {
+          o << text(L - 6, T + ch * (i + 0.5) + 4, format_length(g.lengths[i]), "end");
+          for (size_t j = 0; j < nd; ++j) {
+            const double a = g.acc[i][j];
+            o << rect(L + cw * j, T + ch * i, cw, ch,
+                      "fill=\"" + acc_colour(a) + "\" stroke=\"#fff\"")
+              << text(L + cw * (j + 0.5), T + ch * (i + 0.5) + 4,
+                      std::isfinite(a) ? format_number(std::round(a * 100)) + "%" : "–", "middle",
+                      a < 0.2 || a > 0.8 ? "fill=\"#fff\"" : "");
+          }
+        }
+        o << "</svg></div>\n";
+      }
+      o << "</div>\n";
+    }
+  }
+
+  // Expert loads: experts (y) × logged steps (x), relative to the step's mean.
+  if (!loads_.empty())
+    o << "<h2 style=\"margin-top:16px\">Expert load per MoE layer (c_j relative to the mean, per "
+         "logged step)</h2>\n"
+      << colour_scale(load_colour, "0", "load / mean", "≥ 2") << "<div class=\"grid\">\n";
+  for (const auto& [layer, steps] : loads_) {
+    const size_t n = steps.empty() ? 0 : steps.front().second.size();
+    const double L = 44, T = 16, B = 34, w = 560, h = std::clamp(8.0 * n, 64.0, 256.0);
+    const double cw = w / std::max<size_t>(steps.size(), 1), ch = h / std::max<size_t>(n, 1);
+    o << "<div class=\"card\"><h2>Expert load, layer " << layer << "</h2>"
+      << svg_open("heatmap", L + w + 8, T + h + B);
+    for (size_t t = 0; t < steps.size(); ++t) {
+      const auto& v = steps[t].second;
       double mean = 0;
       for (double x : v) mean += x / static_cast<double>(v.size());
       for (size_t j = 0; j < v.size(); ++j)
-        o << "<rect x=\"" << num(cw * t) << "\" y=\"" << num(ch * j) << "\" width=\"" << num(cw)
-          << "\" height=\"" << num(ch) << "\" fill=\"" << load_colour(mean > 0 ? v[j] / mean : 0)
-          << "\"/>";
+        o << rect(L + cw * t, T + ch * j, cw + 0.3, ch + 0.3,
+                  "fill=\"" + load_colour(mean > 0 ? v[j] / mean : 0) + "\"");
     }
-    o << "</svg>\n";
+    // Column of a step: the first logged step at or after it.
+    auto col = [&](double step) {
+      const auto it = std::lower_bound(steps.begin(), steps.end(), step,
+                                       [](const auto& p, double s) { return p.first < s; });
+      return L + cw * static_cast<double>(it - steps.begin());
+    };
+    for (const auto& m : marks)
+      if (m.x > steps.front().first)
+        o << line(col(m.x), T - 4, col(m.x), T + h, "stroke=\"#222\" stroke-dasharray=\"4,3\"")
+          << text(col(m.x) + 3, T - 5, m.label, "start", "class=\"stage\"");
+    if (!steps.empty())
+      for (double v : axis_ticks(steps.front().first, steps.back().first))
+        if (v == std::round(v)) o << text(col(v) + cw / 2, T + h + 14, format_number(v), "middle");
+    o << text(L + w / 2, T + h + 30, "step", "middle", "class=\"axis\"")
+      << text(0, 0, "expert", "middle",
+              "class=\"axis\" transform=\"translate(14," + num(T + h / 2) + ") rotate(-90)\"")
+      << text(L - 4, T + 9, "0", "end") << text(L - 4, T + h, std::to_string(n - 1), "end")
+      << "</svg></div>\n";
   }
-  for (const Grid& g : grids_) {  // lengths (y) × depths (x), accuracy
-    const double cw = g.depths.empty() ? 90 : 56, ch = 22, L = 70, T = 20;
-    const size_t nd = std::max<size_t>(g.depths.size(), 1);
-    o << "<h2>" << esc(g.task) << " accuracy, stage " << esc(g.stage)
-      << "</h2>\n<svg class=\"evalgrid\" "
-      << "xmlns=\"http://www.w3.org/2000/svg\" width=\"" << num(L + cw * nd + 4) << "\" height=\""
-      << num(T + ch * g.lengths.size() + 4) << "\">";
-    for (size_t j = 0; j < nd; ++j)
-      o << "<text x=\"" << num(L + cw * (j + 0.5)) << "\" y=\"14\" font-size=\"10\" "
-        << "text-anchor=\"middle\">"
-        << (g.depths.empty() ? std::string("random depth") : "depth " + num(g.depths[j]))
-        << "</text>";
-    for (size_t i = 0; i < g.lengths.size(); ++i) {
-      o << "<text x=\"" << L - 4 << "\" y=\"" << num(T + ch * (i + 0.7)) << "\" font-size=\"10\" "
-        << "text-anchor=\"end\">" << g.lengths[i] << "</text>";
-      for (size_t j = 0; j < nd; ++j)
-        o << "<rect x=\"" << num(L + cw * j) << "\" y=\"" << num(T + ch * i) << "\" width=\"" << cw
-          << "\" height=\"" << ch << "\" fill=\"" << acc_colour(g.acc[i][j])
-          << "\" stroke=\"#fff\"/><text x=\"" << num(L + cw * (j + 0.5)) << "\" y=\""
-          << num(T + ch * (i + 0.7)) << "\" font-size=\"10\" text-anchor=\"middle\">"
-          << num(g.acc[i][j]) << "</text>";
-    }
-    o << "</svg>\n";
-  }
+  if (!loads_.empty()) o << "</div>\n";
   o << "</body></html>\n";
   return o.str();
 }

@@ -1,9 +1,11 @@
 // The run report (TRAINING.md §4): metrics.jsonl (one JSON object per line, flushed, so a crash
-// loses nothing) and a self-contained report.html with inline SVG plots (loss, lr, grad norm and
-// jitter, routing entropy, per-layer expert-load heatmaps over steps, per-stage passkey grids).
-// No external scripts or styles. Opening a directory that already has a metrics.jsonl (a resumed
-// run, or `myriad report`) reads it back first; a step logged again (a resume replays the steps
-// after its checkpoint) replaces the earlier record in the plots.
+// loses nothing) and a self-contained report.html with inline SVG: a summary line (held-out and
+// train loss per stage, gates passed, tokens, wall time, tokens/s), the stage table, plots with
+// ticked axes and the stage boundaries (loss, max-violation, lr, grad norm and jitter, routing
+// entropy, throughput), the eval grids as length × depth heatmaps per stage and per-layer
+// expert-load heatmaps over steps. No external scripts or styles. Opening a directory that already
+// has a metrics.jsonl (a resumed run, or `myriad report`) reads it back first; a step logged again
+// (a resume replays the steps after its checkpoint) replaces the earlier record in the plots.
 #pragma once
 #include <cstdint>
 #include <fstream>
@@ -13,6 +15,20 @@
 #include <vector>
 
 namespace myriad::train {
+
+// Number formatting of the report (exposed for tests).
+// Token lengths in binary units: 16384 -> "16K", 1048576 -> "1M", 1536 -> "1.5K", 300 -> "300".
+std::string format_length(int64_t tokens);
+// Counts in decimal units, 3 significant digits: 5413000 -> "5.41M", 2e9 -> "2B", 950 -> "950".
+std::string format_count(double n);
+// 4 significant digits (integers from 1000), no trailing zeros; scientific outside
+// [0.01, 1e5): 3e-4 -> "3e-4", 0.0015 -> "1.5e-3", 123456 -> "1.23e5".
+std::string format_number(double v);
+// "8.2 s", "42 s", "10 min 42 s", "2 h 05 min".
+std::string format_duration(double seconds);
+// Axis ticks inside [lo, hi] at 1-2-5 steps (about 4-8 of them); log: powers of ten (with 2× and
+// 5× when the range spans few decades), or 1-2-5 steps within a narrow range. Empty if lo > hi.
+std::vector<double> axis_ticks(double lo, double hi, bool log = false);
 
 class RunReport {
  public:
@@ -24,9 +40,9 @@ class RunReport {
   void stage_eval(const std::string& stage, const std::string& task,
                   const std::vector<int64_t>& lengths, const std::vector<double>& depths,
                   const std::vector<std::vector<double>>& acc);
-  // One row of the stage table: an object with "stage" and any of "seq_len", "step",
-  // "heldout_loss", "passkey", "effective_length", "gate" (bool), "gate_reasons" (strings),
-  // "eval_seconds".
+  // One row of the stage table: an object with "stage" and any of "index", "seq_len", "step",
+  // "tokens", "wall_seconds", "train_loss", "heldout_loss", "passkey", "effective_length",
+  // "gate" (bool), "gate_reasons" (strings), "eval_seconds". A later row of a stage replaces it.
   void stage_summary(const nlohmann::json& row);
   // Another run's metrics (e.g. the same recipe without balancing), drawn as a second line in
   // the loss and max-violation plots. Not written to this run's metrics.jsonl.

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -108,10 +109,27 @@ struct Trainer::Impl {
   Monitor mon;
   std::vector<StepRecord> hist;
   std::vector<StageResult> stages;
+  std::optional<StageEvaluator> evaluator;  // [eval]
   int64_t step = 0, stop_at = -1, last_saved = -1;
-  bool quiet = false, tty = false, finished = false;
+  bool quiet = false, tty = false, finished = false, gate_stop = false;
   double train_seconds = 0;
   int64_t timed_steps = 0;
+  // Wall time of the run: the checkpoint's (on resume) plus this process's since run() began.
+  double wall_base = 0;
+  Clock::time_point wall_start = Clock::now();
+
+  double wall() const {
+    return wall_base + std::chrono::duration<double>(Clock::now() - wall_start).count();
+  }
+  // Tokens trained on in the first `s` steps.
+  int64_t tokens_at(int64_t s) const {
+    int64_t n = 0;
+    for (const StageSpec& sp : r.stages) {
+      n += std::min(s, sp.steps) * sp.tokens_per_step;
+      if ((s -= std::min(s, sp.steps)) == 0) break;
+    }
+    return n;
+  }
 
   const model::Decoder& fw() const { return shadow ? shadow->decoder() : *dec; }
   void sync_shadow() {
@@ -158,6 +176,8 @@ struct Trainer::Impl {
     ckpt.emplace(path(r.checkpoint_dir), r.keep_last);
     if (r.log_jsonl || r.log_html) report.emplace(out.string());
     if (r.log_tensorboard) events.emplace((out / "tensorboard").string());
+    if (r.eval.enabled)
+      evaluator.emplace(r.eval, r.seed + 0x9e3779b97f4a7c15ull);  // not training's
     tty = isatty(fileno(stdout)) != 0;
   }
 
@@ -223,6 +243,12 @@ struct Trainer::Impl {
     s.extra["data_dir"] = fs::path(stream_dir).lexically_relative(out).string();
     s.extra["monitor"] = mon.state();
     for (const auto& [l, b] : bal) s.extra["balancers"][std::to_string(l)] = b.state();
+    s.extra["stages"] = nlohmann::json::array();
+    for (const StageResult& st : stages)
+      s.extra["stages"].push_back(
+          {{"name", st.name}, {"end_step", st.end_step}, {"heldout_loss", st.heldout_loss}});
+    if (evaluator) s.extra["evaluator"] = evaluator->state();
+    s.extra["wall_seconds"] = wall();
     return s;
   }
 
@@ -251,7 +277,23 @@ struct Trainer::Impl {
                             fs::path(stream_dir).lexically_relative(out).string();
       if (same) stream->restore(data::TokenStream::State::from_json(s.data_cursor));
     }
+    // Stages that ended after the checkpoint end again (and are evaluated again) on the way back.
+    std::erase_if(stages, [&](const StageResult& st) { return st.end_step > s.step; });
+    if (evaluator) evaluator->forget_after(s.step);
     if (data && s.extra.is_object()) {
+      if (s.extra.contains("stages")) {
+        stages.clear();
+        for (const auto& st : s.extra["stages"])
+          stages.push_back({st.at("name").get<std::string>(), st.at("end_step").get<int64_t>(),
+                            st.at("heldout_loss").is_number()
+                                ? st["heldout_loss"].get<double>()
+                                : std::numeric_limits<double>::quiet_NaN()});
+      }
+      if (evaluator && s.extra.contains("evaluator")) evaluator->load_state(s.extra["evaluator"]);
+      if (s.extra.contains("wall_seconds")) {
+        wall_base = s.extra["wall_seconds"].get<double>();
+        wall_start = Clock::now();
+      }
       if (s.extra.contains("monitor")) mon.load_state(s.extra["monitor"]);
       if (s.extra.contains("balancers"))
         for (auto& [l, b] : bal) {
@@ -406,7 +448,10 @@ struct Trainer::Impl {
       scalars["grad/norm"] = st.grad_norm;
       scalars["perf/tokens_per_s"] = tps;
       scalars["perf/step_seconds"] = secs;
+      scalars["perf/wall_seconds"] = wall();
       scalars["stage"] = static_cast<double>(stage_of(h.step - 1));
+      scalars["seq_len"] = static_cast<double>(sp.seq_len);
+      scalars["tokens"] = static_cast<double>(tokens_at(h.step));
       scalars["decision"] = static_cast<double>(dn);
       log(h.step, scalars);
       for (const auto& ls : st.layers) {
@@ -421,15 +466,76 @@ struct Trainer::Impl {
     progress(h, tps);
   }
 
-  void end_stage(size_t i) {
+  // The stage's held-out loss and, with [eval], its grids and gate; one stage row in the report.
+  // Returns the evaluator's outcome (null without [eval]).
+  const StageOutcome* end_stage(size_t i) {
     const StageSpec& sp = r.stages[i];
     const double hl = heldout_loss(sp);
     stages.push_back({sp.name, step, hl});
     log(step, {{"heldout/loss", hl}, {"stage/end", static_cast<double>(i)}});
-    if (report && r.log_html) report->write_html();
     if (!quiet)
       std::printf("%sstage %s done at step %lld: held-out loss %.4f\n", tty ? "\n" : "",
                   sp.name.c_str(), static_cast<long long>(step), hl);
+    nlohmann::json row = {{"stage", sp.name},      {"index", i},
+                          {"seq_len", sp.seq_len}, {"step", step},
+                          {"heldout_loss", hl},    {"tokens", tokens_at(step)},
+                          {"wall_seconds", wall()}};
+    if (!hist.empty() && hist.back().step == step) row["train_loss"] = hist.back().loss;
+    const StageOutcome* o = nullptr;
+    if (evaluator) {
+      o = &evaluate(i, hl);
+      double passkey = -1;
+      for (const auto& g : o->grids) {
+        if (report) report->stage_eval(o->stage, g.task, g.lengths, g.depths, g.accuracy);
+        if (g.task == "passkey") passkey = g.mean;
+      }
+      row.update({{"effective_length", o->effective_length},
+                  {"gate", o->gate.pass},
+                  {"gate_reasons", o->gate.reasons},
+                  {"eval_seconds", o->seconds}});
+      if (passkey >= 0) row["passkey"] = passkey;
+      if (!o->gate.pass && r.eval.gate == "stop" && i + 1 < r.stages.size()) {
+        gate_stop = true;
+        stop_at = step;
+      }
+    }
+    for (auto& [k, v] : row.items())
+      if (v.is_number_float() && !std::isfinite(v.get<double>())) v = nullptr;
+    if (report) report->stage_summary(row);
+    if (report && r.log_html) report->write_html();
+    return o;
+  }
+
+  // §6 grids and the §5.4 gate with one OpenMP thread (tiny models decode faster that way,
+  // evals.h); §5.4 (4) looks for a spike in the stage's last 10%.
+  const StageOutcome& evaluate(size_t i, double hl) {
+    const StageSpec& sp = r.stages[i];
+    const int64_t window = std::max<int64_t>(1, sp.steps / 10);
+    bool spike = false;
+    for (const auto& sk : mon.spikes()) spike |= sk.step > step - window && sk.step <= step;
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    try {
+      evaluator->evaluate(*dec, *tok, sp.name, sp.seq_len, step, hl, spike);
+    } catch (...) {
+      omp_set_num_threads(threads);
+      throw;
+    }
+    omp_set_num_threads(threads);
+    const StageOutcome& o = evaluator->outcomes().back();
+    if (!quiet) {
+      std::printf("eval %-10s (%.0f s):", o.stage.c_str(), o.seconds);
+      for (const auto& g : o.grids) {
+        std::printf("  %s", g.task.c_str());
+        for (size_t j = 0; j < g.lengths.size(); ++j)
+          std::printf(" %lld:%.2f", static_cast<long long>(g.lengths[j]), g.at(j));
+      }
+      std::printf("\n  gate %s", o.gate.pass ? "pass" : "FAIL");
+      for (const auto& why : o.gate.reasons) std::printf("; %s", why.c_str());
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    return o;
   }
 };
 
@@ -462,11 +568,11 @@ void Trainer::run(bool resume) {
     m.use_stage_data(si);
     m.train_step(m.r.stages[si]);
     if (m.step == m.stage_end(si)) {
-      m.end_stage(si);
+      const StageOutcome* o = m.end_stage(si);
       if (on_stage_end) {
         const StageSpec& sp = m.r.stages[si];
         on_stage_end(StageEnd{si, sp.name, sp.seq_len, m.step, *m.dec, *m.tok,
-                              m.report ? &*m.report : nullptr, m.stages.back().heldout_loss});
+                              m.report ? &*m.report : nullptr, m.stages.back().heldout_loss, o});
       }
     }
     if (m.r.checkpoint_every > 0 && m.step % m.r.checkpoint_every == 0) m.save();
@@ -500,6 +606,13 @@ const model::Decoder& Trainer::decoder() const {
 }
 const Monitor& Trainer::monitor() const {
   return impl_->mon;
+}
+const std::vector<StageOutcome>& Trainer::stage_outcomes() const {
+  static const std::vector<StageOutcome> none;
+  return impl_->evaluator ? impl_->evaluator->outcomes() : none;
+}
+bool Trainer::gate_stopped() const {
+  return impl_->gate_stop;
 }
 
 }  // namespace myriad::train

@@ -2,10 +2,12 @@
 // built on first use, the decoder, Muon/AdamW with the recipe's schedule, gradient accumulation
 // over micro-batches, one balancer per MoE layer updating the selection bias in place, the §4
 // monitor with skip / rollback, run report and TensorBoard logging, checkpoints (every N steps,
-// at the end, on SIGINT/SIGTERM) with exact resume (weights, optimiser, data cursor, monitor and
-// balancer state), and the context stages in order. precision = "bf16" runs forward/backward on a
-// bf16 working copy with fp32 master weights (Bf16Copy); balancer mode aux_loss adds each MoE
-// layer's α n Σ f_j P_j on the router's live scores to the loss (logged as loss/aux).
+// at the end, on SIGINT/SIGTERM) with exact resume (weights, optimiser, data cursor, monitor,
+// balancer and stage-end evaluator state), and the context stages in order, each ending with a
+// held-out loss and, with [eval], the §6 grids and the §5.4 gate (StageEvaluator). precision =
+// "bf16" runs forward/backward on a bf16 working copy with fp32 master weights (Bf16Copy); balancer
+// mode aux_loss adds each MoE layer's α n Σ f_j P_j on the router's live scores to the loss (logged
+// as loss/aux).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -15,6 +17,7 @@
 
 #include "data/tokenizer.h"
 #include "model/decoder.h"
+#include "train/evals.h"
 #include "train/monitor.h"
 #include "train/recipe.h"
 
@@ -45,6 +48,7 @@ struct StageEnd {
   const data::Tokenizer& tokenizer;
   RunReport* report = nullptr;  // null when [log] jsonl and html are off
   double heldout_loss = 0;
+  const StageOutcome* outcome = nullptr;  // the [eval] grids and gate; null without [eval]
 };
 
 class Trainer {
@@ -70,8 +74,13 @@ class Trainer {
   bool finished() const;
   const model::Decoder& decoder() const;
   const Monitor& monitor() const;
+  // [eval]: every ended stage's grids and gate (restored on resume); empty without [eval].
+  const std::vector<StageOutcome>& stage_outcomes() const;
+  // A stage gate failed with [eval] gate = "stop": run() returned after that stage.
+  bool gate_stopped() const;
 
-  // Called after each stage's held-out evaluation (and before its checkpoint), if set.
+  // Called after each stage's held-out loss and [eval] evaluation (and before its checkpoint),
+  // if set.
   std::function<void(const StageEnd&)> on_stage_end;
 
   // Mean next-token loss of one micro-batch (ids, labels [B, T]) as the trainer computes it:

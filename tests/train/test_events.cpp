@@ -2,7 +2,8 @@
 // checksums re-read here, the Event fields decoded by a minimal protobuf reader; and, when
 // MYRIAD_TB_CHECK_PYTHON names a python with the `tensorboard` package, the official reader via
 // tools/reference/check_tfevents.py), and the run report (metrics.jsonl lines parse, report.html
-// is well-formed markup with every plot and no scripts).
+// is well-formed markup with every plot and no scripts; its number formatting, axis ticks, stage
+// markers, eval heatmaps and summary line).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -232,14 +233,16 @@ TEST(Report, WritesJsonlAndSelfContainedHtml) {
   std::string why;
   EXPECT_TRUE(balanced(h, why)) << why;
   EXPECT_EQ(count(h, "<script"), 0u);
-  EXPECT_EQ(count(h, "src="), 0u);            // nothing external
-  EXPECT_EQ(count(h, "<svg"), 5u + 2u + 2u);  // 5 line plots, 2 layer heatmaps, 2 grids
+  EXPECT_EQ(count(h, "src="), 0u);  // nothing external
+  // 5 line plots, 2 layer heatmaps, 2 grids, 2 colour scales (accuracy, expert load).
+  EXPECT_EQ(count(h, "<svg"), 5u + 2u + 2u + 2u);
   EXPECT_EQ(count(h, "class=\"heatmap\""), 2u);
   EXPECT_EQ(count(h, "class=\"evalgrid\""), 2u);
   EXPECT_EQ(count(h, "<polyline"), 1u + 1u + 1u + 1u + 2u);  // loss, lr, grad, jitter, entropies
   EXPECT_NE(h.find("Expert load, layer 2"), std::string::npos);
   EXPECT_NE(h.find("passkey accuracy, stage S2"), std::string::npos);
-  EXPECT_EQ(count(h, "<rect"), 5u + 2u * 60u * 16u + 9u + 2u);  // frames + cells
+  // Frames, load cells, grid cells, colour scale swatches.
+  EXPECT_EQ(count(h, "<rect"), 5u + 2u * 60u * 16u + 9u + 2u + 2u * 20u);
   if (!std::getenv("MYRIAD_KEEP_REPORT")) fs::remove_all(dir);
 }
 
@@ -286,5 +289,119 @@ TEST(Report, ReopensReplaysAndContrasts) {
   const size_t b = h.find("\"/>", a);
   const std::string pts = h.substr(a, b - a);
   EXPECT_EQ(std::count(pts.begin(), pts.end(), ','), 12);
+  fs::remove_all(dir);
+}
+
+TEST(Report, NumberFormatting) {
+  EXPECT_EQ(format_length(16384), "16K");
+  EXPECT_EQ(format_length(1 << 20), "1M");
+  EXPECT_EQ(format_length(262144), "256K");
+  EXPECT_EQ(format_length(1536), "1.5K");
+  EXPECT_EQ(format_length(300), "300");
+  EXPECT_EQ(format_length(64), "64");
+  EXPECT_EQ(format_count(5413000), "5.41M");
+  EXPECT_EQ(format_count(2e9), "2B");
+  EXPECT_EQ(format_count(12345), "12.3K");
+  EXPECT_EQ(format_count(950), "950");
+  EXPECT_EQ(format_number(3e-4), "3e-4");
+  EXPECT_EQ(format_number(1.5e-4), "1.5e-4");
+  EXPECT_EQ(format_number(9.9999e-4), "1e-3");
+  EXPECT_EQ(format_number(2.5), "2.5");
+  EXPECT_EQ(format_number(1234.5678), "1235");
+  EXPECT_EQ(format_number(0.123456), "0.1235");
+  EXPECT_EQ(format_number(123456), "1.23e5");
+  EXPECT_EQ(format_number(-0.5), "-0.5");
+  EXPECT_EQ(format_number(0), "0");
+  EXPECT_EQ(format_number(NAN), "–");
+  EXPECT_EQ(format_duration(8.24), "8.2 s");
+  EXPECT_EQ(format_duration(42), "42 s");
+  EXPECT_EQ(format_duration(642), "10 min 42 s");
+  EXPECT_EQ(format_duration(7500), "2 h 05 min");
+}
+
+TEST(Report, AxisTicks) {
+  auto fmt = [](const std::vector<double>& t) {
+    std::string s;
+    for (double v : t) {
+      if (!s.empty()) s += ' ';
+      s += format_number(v);
+    }
+    return s;
+  };
+  EXPECT_EQ(fmt(axis_ticks(0, 10)), "0 2 4 6 8 10");
+  EXPECT_EQ(fmt(axis_ticks(1, 330)), "50 100 150 200 250 300");
+  EXPECT_EQ(fmt(axis_ticks(0, 1)), "0 0.2 0.4 0.6 0.8 1");
+  EXPECT_EQ(fmt(axis_ticks(-0.03, 0.07)), "-0.02 0 0.02 0.04 0.06");
+  EXPECT_EQ(fmt(axis_ticks(2e-5, 3e-3)), "5e-4 1e-3 1.5e-3 2e-3 2.5e-3 3e-3");
+  EXPECT_EQ(fmt(axis_ticks(5, 5)), "5");
+  EXPECT_TRUE(axis_ticks(2, 1).empty());
+  // Log scale: 1-2-5 per decade over a few decades, decades only over many, 1-2-5 steps in a
+  // narrow range.
+  EXPECT_EQ(fmt(axis_ticks(1e-4, 1e-2, true)), "1e-4 2e-4 5e-4 1e-3 2e-3 5e-3 0.01");
+  EXPECT_EQ(fmt(axis_ticks(0.5, 2e5, true)), "1 10 100 1000 10000 1e5");
+  EXPECT_EQ(fmt(axis_ticks(2.5, 6.2, true)), "3 4 5 6");
+}
+
+// A multi-stage run as the trainer logs it: stage boundaries with the stage lengths on every time
+// series, the summary line, the stage table and one heatmap (with a value per cell) per stage and
+// task; a stage row logged again (a resumed stage end) replaces the first.
+TEST(Report, StagesSummaryAndHeatmaps) {
+  const fs::path dir = temp_dir("report3");
+  {
+    RunReport r(dir.string());
+    const int64_t len[] = {256, 1024, 16384};
+    for (int64_t t = 1; t <= 30; ++t) {
+      const int i = static_cast<int>((t - 1) / 10);
+      r.scalars(t, {{"loss", 6.0 / t + 2},
+                    {"lr", 1e-3},
+                    {"grad/norm", 1.0},
+                    {"stage", i},
+                    {"seq_len", static_cast<double>(len[i])},
+                    {"tokens", 4096.0 * t},
+                    {"perf/tokens_per_s", 4096},
+                    {"perf/wall_seconds", 2.0 * t}});
+      if (t % 10) continue;
+      r.scalars(t, {{"heldout/loss", 6.0 / t + 2.1}, {"stage/end", i}});
+      const std::string name = "ctx" + format_length(len[i]);
+      r.stage_eval(name, "passkey", {len[i] / 2, len[i]}, {0.0, 1.0}, {{1.0, 0.5}, {0.25, 0.0}});
+      r.stage_eval(name, "vt_h2", {len[i] / 2, len[i]}, {}, {{1.0}, {0.0}});
+      for (int again = 0; again < 2; ++again)
+        r.stage_summary({{"stage", name},
+                         {"index", i},
+                         {"seq_len", len[i]},
+                         {"step", t},
+                         {"tokens", 4096 * t},
+                         {"heldout_loss", 6.0 / t + 2.1},
+                         {"train_loss", 6.0 / t + 2},
+                         {"gate", i != 1},
+                         {"gate_reasons", nlohmann::json::array()},
+                         {"eval_seconds", 12.5}});
+    }
+    r.write_html();
+  }
+  const std::string h = slurp(dir / "report.html");
+  std::string why;
+  EXPECT_TRUE(balanced(h, why)) << why;
+  // Stage boundaries: 2 dashed lines and 3 length labels on each of the 4 time series with data
+  // (loss, lr, gradient norm, throughput; plots without data are left out).
+  EXPECT_EQ(count(h, "stroke-dasharray"), 4u * 2u);
+  EXPECT_EQ(count(h, "class=\"stage\">1K<"), 4u);
+  EXPECT_EQ(count(h, "class=\"stage\">16K<"), 4u);
+  EXPECT_EQ(count(h, "class=\"stage\">256<"), 4u);
+  EXPECT_EQ(count(h, "e+0"), 0u);  // no printf exponents anywhere
+  // Summary: gates, tokens, wall time, throughput, final loss per stage.
+  EXPECT_NE(h.find("<b>2/3</b><span>stage gates passed"), std::string::npos);
+  EXPECT_NE(h.find("<b>123K</b><span>tokens"), std::string::npos);
+  EXPECT_NE(h.find("<b>1 min 00 s</b><span>wall time"), std::string::npos);
+  EXPECT_NE(h.find("<b>2048</b><span>tokens/s"), std::string::npos);
+  EXPECT_NE(h.find("<b>ctx16K</b> (16K) 2.3 / 2.2"), std::string::npos);
+  // Stage table: one row per stage.
+  EXPECT_EQ(count(h, "<tr><td>ctx"), 3u);
+  // Heatmaps: 3 stages × 2 tasks, each cell with its value; the colour scale once.
+  EXPECT_EQ(count(h, "class=\"evalgrid\""), 6u);
+  EXPECT_NE(h.find("passkey accuracy, stage ctx16K"), std::string::npos);
+  // Cells, depth headers, the colour scale's ends.
+  EXPECT_EQ(count(h, "%</text>"), 3u * (4u + 2u) + 3u * 2u + 2u);
+  EXPECT_EQ(count(h, "class=\"scale\""), 1u);
   fs::remove_all(dir);
 }

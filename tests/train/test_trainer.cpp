@@ -22,6 +22,7 @@
 #include "model/moe.h"
 #include "train/balancer.h"
 #include "train/checkpoint.h"
+#include "train/evals.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -469,6 +470,100 @@ TEST(Trainer, ResumeAroundLongStageMatchesFullRun) {
     ASSERT_EQ(tail.size(), static_cast<size_t>(5 - stop));
     for (size_t i = 0; i < tail.size(); ++i)
       EXPECT_EQ(tail[i], full[stop + i]) << "resumed at " << stop << ", step " << stop + i + 1;
+  }
+}
+
+// The [eval] outcomes without their timing: every grid, the effective length and the gate.
+nlohmann::json eval_results(const std::vector<StageOutcome>& outcomes) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const StageOutcome& o : outcomes) {
+    nlohmann::json grids = nlohmann::json::array();
+    for (const EvalGrid& g : o.grids)
+      grids.push_back({g.task, g.lengths, g.depths, g.accuracy, g.recovered, g.mean});
+    a.push_back({o.stage, o.seq_len, o.step, o.heldout_loss, o.effective_length, grids, o.gate.pass,
+                 o.gate.reasons, o.gate.notes});
+  }
+  return a;
+}
+
+// The report's stage rows and eval grids as a reader of metrics.jsonl sees them (a later record
+// of a stage replaces an earlier one), without the timing fields.
+nlohmann::json report_stages(const fs::path& out) {
+  std::map<std::string, nlohmann::json> rows, grids;
+  std::ifstream f(out / "metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("stage_summary")) {
+      auto row = j["stage_summary"];
+      row.erase("eval_seconds");
+      row.erase("wall_seconds");
+      rows[row["stage"].get<std::string>()] = row;
+    }
+    if (j.contains("stage_eval"))
+      grids[j["stage_eval"].get<std::string>() + "/" + j["task"].get<std::string>()] = j;
+  }
+  return {rows, grids};
+}
+
+// Exact resume includes the stage-end evaluator: a run stopped right after stage s0's evaluation
+// (its checkpoint holds the evaluator's grids and stage 0's held-out loss) and a run killed after
+// stage s1's evaluation but before its checkpoint (the resumed run trains step 5 again and redoes
+// that evaluation) both end with the uninterrupted run's grids, gate decisions and report rows.
+TEST(Trainer, ResumeKeepsStageEvaluations) {
+  OneThread one_thread;
+  const Recipe r = Recipe::parse(micro_recipe(3,
+                                              "[[stage]]\nname = \"s1\"\nseq_len = 64\nsteps = 2\n"
+                                              "tokens_per_step = 256\n"
+                                              "[[stage]]\nname = \"s2\"\nseq_len = 64\nsteps = 2\n"
+                                              "tokens_per_step = 256\n"
+                                              "[eval]\ntasks = [\"passkey\", \"vt\"]\nseeds = 1\n"
+                                              "length_factors = [0.5, 1]\nmax_length = 64\n"
+                                              "depths = [0, 1]\nvt_hops = 1\n"
+                                              "[checkpoint]\nevery = 2\nkeep_last = 5\n"));
+  const fs::path full_dir = temp_dir("full");
+  Trainer full(r, full_dir.string());
+  full.set_quiet(true);
+  full.run();
+  ASSERT_TRUE(full.finished());
+  const nlohmann::json want = eval_results(full.stage_outcomes());
+  ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(full.stage_results().size(), 3u);
+  // Stage 0's held-out loss is every later gate's reference; s1 and s2 compare with s0 and s1.
+  EXPECT_EQ(full.stage_outcomes()[2].grids.size(), 2u);
+
+  {  // Stopped right after s0's evaluation (step 3, checkpointed), then resumed.
+    const fs::path out = temp_dir("stop3");
+    run_losses(r, out, 3);
+    Trainer t(r, out.string());
+    t.set_quiet(true);
+    t.run(true);
+    ASSERT_TRUE(t.finished());
+    EXPECT_EQ(t.history().front().step, 4);
+    EXPECT_EQ(eval_results(t.stage_outcomes()), want);
+    ASSERT_EQ(t.stage_results().size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(t.stage_results()[i].heldout_loss, full.stage_results()[i].heldout_loss) << i;
+    EXPECT_EQ(report_stages(out), report_stages(full_dir));
+  }
+  {  // Killed after s1's evaluation at step 5, before a checkpoint: the newest is step 4.
+    const fs::path out = temp_dir("kill5");
+    {
+      Trainer t(r, out.string());
+      t.set_quiet(true);
+      t.on_stage_end = [](const StageEnd& e) {
+        ASSERT_NE(e.outcome, nullptr);
+        if (e.name == "s1") throw std::runtime_error("killed");
+      };
+      EXPECT_THROW(t.run(), std::runtime_error);
+    }
+    Trainer t(r, out.string());
+    t.set_quiet(true);
+    t.run(true);
+    ASSERT_TRUE(t.finished());
+    EXPECT_EQ(t.history().front().step, 5);
+    EXPECT_EQ(eval_results(t.stage_outcomes()), want);
+    EXPECT_EQ(report_stages(out), report_stages(full_dir));
   }
 }
 
