@@ -51,7 +51,12 @@ fi
 root=$(mktemp -d /tmp/myriad-clean-room.XXXXXX)
 mounts=()
 cleanup() {
-  local m ok=1
+  local m p ok=1
+  # Processes still running inside the root (the script was interrupted) go first.
+  for p in /proc/[0-9]*; do
+    [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ] && kill -9 "${p#/proc/}" 2>/dev/null
+  done
+  sleep 0.5
   for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount -l "${mounts[i]}" 2>/dev/null || true; done
   for m in "${mounts[@]}"; do mountpoint -q "$m" && ok=0; done
   # Never delete through a bind mount that is still there (it would reach the host's /dev).

@@ -10,8 +10,9 @@
 #include "core/dtype.h"
 
 // Compiles the function for AVX-512 (x86-64-v4), AVX2 (v3) and the baseline; the loader picks
-// the best one for the running CPU.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+// the best one for the running CPU. Not under the sanitizers: the clones' resolvers run before
+// the sanitizer runtime is set up.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define MYRIAD_CPU_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
