@@ -12,7 +12,8 @@
 # The root is new every time (unpacked from the tarball) and removed afterwards. Build modes bind
 # the host's ccache folder into the root (MYRIAD_CLEAN_ROOT_CCACHE=0: don't): ccache only replays
 # a compile whose preprocessed inputs all exist in the root, so it cannot hide a missing header,
-# and linking always runs. Log: $MYRIAD_CLEAN_ROOT_LOG (default /tmp/myriad-clean-room-<mode>.log).
+# and linking always runs. Log: $MYRIAD_CLEAN_ROOT_LOG (default /tmp/myriad-clean-room-<mode>.log);
+# MYRIAD_CLEAN_ROOT_KEEP=DIR copies the runs/ the steps wrote (the main job's run) out to DIR.
 set -euo pipefail
 mode=${1:-configure}
 case $mode in configure | build | main | test) ;; *)
@@ -103,6 +104,9 @@ esac
 echo "clean-room: $mode in a fresh Debian 12 minbase root (log: $log)"
 rc=0
 chroot "$root" /usr/bin/env -i "${env[@]}" /bin/bash -c "cd /src/myriad && $steps" >"$log" 2>&1 || rc=$?
+if [ -n "${MYRIAD_CLEAN_ROOT_KEEP:-}" ] && [ -d "$root/src/myriad/runs" ]; then
+  mkdir -p "$MYRIAD_CLEAN_ROOT_KEEP" && cp -a "$root/src/myriad/runs/." "$MYRIAD_CLEAN_ROOT_KEEP/"
+fi
 if ((rc == 0)); then
   echo "clean-room: $mode ok in $(elapsed)"
 else
