@@ -500,7 +500,7 @@ struct FrontServer::Poller {
     const bool ok = svr.serve_one(s, last, closed);
     tl_socket = -1;
     if (!ok || closed || last) return close_conn(std::move(c));
-    c->deadline = after(static_cast<double>(svr.keep_alive_timeout_sec_));
+    c->deadline = after(lim.idle_timeout);
     hand_over(std::move(c));
   }
 
