@@ -28,6 +28,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 thread_local int tl_socket = -1;
+thread_local bool tl_close = false;
 
 // A connection the front holds: in the poller while its next request arrives, on a worker
 // while that request is served.
@@ -77,15 +78,14 @@ int to_ms(time_t sec, time_t usec) {
   return static_cast<int>(sec * 1000 + usec / 1000);
 }
 
-// One request's bytes (already read by the poller), then the socket: what process_request reads
-// from and writes to.
+// What process_request reads from and writes to: the request's bytes as the poller read them,
+// then end of input (never the socket: a worker must not wait for a client; a POST without
+// Content-Length thus has an empty body), and the socket for the answer.
 class RequestStream final : public httplib::Stream {
  public:
-  RequestStream(int fd, std::string bytes, int read_ms, int write_ms)
-      : fd_(fd), bytes_(std::move(bytes)), read_ms_(read_ms), write_ms_(write_ms) {}
-  bool is_readable() const override {
-    return pos_ < bytes_.size() || wait_for(fd_, POLLIN, read_ms_);
-  }
+  RequestStream(int fd, std::string bytes, int write_ms)
+      : fd_(fd), bytes_(std::move(bytes)), write_ms_(write_ms) {}
+  bool is_readable() const override { return pos_ < bytes_.size(); }
   bool is_writable() const override { return wait_for(fd_, POLLOUT, write_ms_); }
   ssize_t read(char* ptr, size_t size) override {
     if (pos_ < bytes_.size()) {
@@ -94,8 +94,7 @@ class RequestStream final : public httplib::Stream {
       pos_ += size;
       return static_cast<ssize_t>(size);
     }
-    if (!wait_for(fd_, POLLIN, read_ms_)) return -1;
-    return ::recv(fd_, ptr, size, 0);
+    return 0;
   }
   ssize_t write(const char* ptr, size_t size) override {
     if (!is_writable()) return -1;
@@ -113,7 +112,7 @@ class RequestStream final : public httplib::Stream {
   int fd_;
   std::string bytes_;
   size_t pos_ = 0;
-  int read_ms_, write_ms_;
+  int write_ms_;
 };
 
 const char* reason_phrase(int status) {
@@ -143,11 +142,10 @@ std::string error_response(const ApiError& e) {
          "\r\nConnection: close\r\n\r\n" + body;
 }
 
-// Where the header block ends (after its blank line), or npos.
+// Where the header block ends (after its blank line), or npos. CRLF only, as httplib reads it.
 size_t header_end(const std::string& b) {
-  const size_t crlf = b.find("\r\n\r\n"), lf = b.find("\n\n");
-  if (crlf == std::string::npos && lf == std::string::npos) return std::string::npos;
-  return crlf < lf ? crlf + 4 : lf + 2;
+  const size_t at = b.find("\r\n\r\n");
+  return at == std::string::npos ? at : at + 4;
 }
 
 std::string_view trim(std::string_view s) {
@@ -492,14 +490,15 @@ struct FrontServer::Poller {
   // ---- a worker ----
 
   void serve(std::unique_ptr<Conn> c, std::string bytes) {
-    RequestStream s(c->fd, std::move(bytes), to_ms(svr.read_timeout_sec_, svr.read_timeout_usec_),
+    RequestStream s(c->fd, std::move(bytes),
                     to_ms(svr.write_timeout_sec_, svr.write_timeout_usec_));
     const bool last = ++c->served >= svr.keep_alive_max_count_ || !svr.is_running();
     bool closed = false;
     tl_socket = c->fd;
+    tl_close = false;
     const bool ok = svr.serve_one(s, last, closed);
     tl_socket = -1;
-    if (!ok || closed || last) return close_conn(std::move(c));
+    if (!ok || closed || last || tl_close) return close_conn(std::move(c));
     c->deadline = after(lim.idle_timeout);
     hand_over(std::move(c));
   }
@@ -550,6 +549,10 @@ ConnectionStats FrontServer::stats() const {
 
 int FrontServer::current_socket() {
   return tl_socket;
+}
+
+void FrontServer::close_after_response() {
+  tl_close = true;
 }
 
 bool FrontServer::process_and_close_socket(socket_t sock) {

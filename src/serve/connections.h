@@ -47,6 +47,8 @@ class FrontServer : public httplib::Server {
   // The socket of the request the calling thread is serving (-1 outside a request): handlers
   // keep it to notice a client that went away (peer_closed).
   static int current_socket();
+  // Called while serving a request: the connection closes after this answer.
+  static void close_after_response();
 
  private:
   bool process_and_close_socket(socket_t sock) override;  // on accept: to the poller

@@ -514,8 +514,15 @@ struct Server::Impl {
           else if (res.status == 404 || res.status == 405)
             send_error(res, ApiError(404, "Invalid URL (" + req.method + " " + req.path + ")", "",
                                      "unknown_url"));
-          else
-            send_error(res, ApiError(res.status, "bad request"));
+          else if (res.status == 414)
+            send_error(res, ApiError(414, "request URI too long"));
+          else if (res.status == 400) {
+            send_error(res, ApiError(400,
+                                     "malformed HTTP request: the request line, a header or the "
+                                     "chunked body could not be parsed"));
+            FrontServer::close_after_response();  // where the next request starts is unsure
+          } else
+            send_error(res, ApiError(res.status, "the HTTP request could not be served"));
           count(req, res.status);
           return httplib::Server::HandlerResponse::Handled;
         }));

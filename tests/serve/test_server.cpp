@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "infer/engine.h"
@@ -215,6 +216,19 @@ std::string http_post(const std::string& path, const std::string& body,
                       const std::string& extra_headers = "") {
   return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
          extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Bytes as C-escaped text, for messages.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (unsigned char ch : s) {
+    char buf[8];
+    if (ch >= 32 && ch < 127 && ch != '\\')
+      out += static_cast<char>(ch);
+    else
+      std::snprintf(buf, sizeof buf, "\\x%02x", ch), out += buf;
+  }
+  return out;
 }
 
 int status_of(const std::string& response) {
@@ -619,6 +633,56 @@ TEST(Server, ConnectionCapsTimeoutsAndSizeLimits) {
   EXPECT_EQ(metric(after, R"(myriad_connection_errors_total{reason="total_cap"})"), 1);
   EXPECT_EQ(metric(after, R"(myriad_connection_errors_total{reason="body_timeout"})"), 1);
   EXPECT_EQ(metric(after, R"(myriad_connection_errors_total{reason="too_large"})"), 2);
+}
+
+// Whatever bytes arrive, the answer (if any) is a 4xx with a JSON error body, and the server
+// keeps serving.
+TEST(Server, GarbageGets4xxJsonAndNeverStopsTheServer) {
+  ServeConfig cfg = Env::serve_config();
+  cfg.connections.header_timeout = 0.3;
+  cfg.connections.body_timeout = 0.3;
+  Server s(env().engine, env().tok, ChatTemplate::default_template(), cfg);
+  const int port = s.start();
+  const std::vector<std::string> fixed = {
+      "GARBAGE\r\n\r\n",
+      "GET\r\n\r\n",
+      "GET /health HTTP/9.9\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+      "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+      "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+      "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 4\r\n\r\nnull",
+      std::string("GET /\0\x01\xff HTTP/1.1\r\n\r\n", 22),
+  };
+  std::mt19937 rng(7);
+  std::vector<std::string> inputs = fixed;
+  for (int i = 0; i < 100; ++i) {  // random bytes, some after a valid request line
+    std::string junk(rng() % 600, '\0');
+    for (char& ch : junk) ch = static_cast<char>(rng() % 256);
+    if (i % 2) junk = "POST /v1/chat/completions HTTP/1.1\r\n" + junk + "\r\n\r\n";
+    inputs.push_back(junk);
+  }
+  std::vector<Raw> conns;  // all at once (the per-client cap is 256)
+  for (const std::string& in : inputs) {
+    conns.emplace_back(port);
+    conns.back().send(in);
+  }
+  int answered = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string& in = inputs[i];
+    const std::string r = conns[i].response(2);
+    if (r.empty()) continue;  // closed without an answer (e.g. nothing parsable yet, then 408)
+    ++answered;
+    const int status = status_of(r);
+    EXPECT_TRUE(status >= 400 && status < 500) << status << " for " << printable(in) << "\n"
+                                               << printable(r);
+    const json e = body_of(r);
+    EXPECT_TRUE(e.is_object() && e.contains("error") && e["error"]["message"].is_string())
+        << printable(in) << "\n"
+        << r;
+  }
+  EXPECT_GT(answered, static_cast<int>(fixed.size()) - 1);
+  EXPECT_LT(health_seconds(port), 1.0);
 }
 
 // Keep-alive, pipelined requests and a chunked request body go through the front's buffering.
