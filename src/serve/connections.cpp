@@ -34,8 +34,9 @@ thread_local bool tl_close = false;
 // while that request is served.
 struct Conn {
   int fd = -1;
-  std::string peer;  // client address; empty: not counted against the caps
-  std::string buf;   // bytes read and not served yet
+  std::string peer;      // client address
+  bool counted = false;  // counted against the caps (refused ones are not)
+  std::string buf;       // bytes read and not served yet
   enum { Idle, Head, Body, Linger } phase = Head;
   Clock::time_point deadline;
   size_t head_end = 0;   // length of the header block (with its blank line)
@@ -253,6 +254,7 @@ struct FrontServer::Poller {
         ++open;
         ++per_client[peer];
         c->peer = peer;
+        c->counted = true;
       }
     }
     if (over)
@@ -285,7 +287,7 @@ struct FrontServer::Poller {
   }
 
   void close_conn(std::unique_ptr<Conn> c) {
-    if (!c->peer.empty()) {
+    if (c->counted) {
       std::lock_guard lock(m);
       --open;
       if (--per_client[c->peer] <= 0) per_client.erase(c->peer);
