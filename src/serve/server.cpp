@@ -356,11 +356,20 @@ struct Server::Impl {
             else if (job.echo)
               chunk(job.echo_text, "", nullptr);
           }
-          if (st->f->client_gone()) {
-            engine.cancel(st->f->id);
-            return false;
+          // Events, or a ping after ping_seconds without any; the client's socket is looked at
+          // every 100 ms meanwhile (a request waiting for admission gets no engine callbacks).
+          std::deque<infer::TokenEvent> evs;
+          const auto ping_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(cfg.ping_seconds));
+          while (evs.empty()) {
+            if (st->f->client_gone()) {
+              engine.cancel(st->f->id);
+              return false;
+            }
+            const auto left = ping_at - Clock::now();
+            if (left <= Clock::duration::zero()) break;
+            evs = st->f->take(std::min<Clock::duration>(left, std::chrono::milliseconds(100)));
           }
-          const auto evs = st->f->take(std::chrono::duration<double>(cfg.ping_seconds));
           if (evs.empty() && buf.empty()) buf = ": ping\n\n";
           const size_t lp0 = st->out.logprobs.size();
           const bool was_empty = st->out.tokens == 0;
