@@ -1,6 +1,7 @@
 #include "cli/serve.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -88,7 +89,28 @@ void add_infer_commands(CLI::App& app, InferArgs& a) {
   a.serve->add_option("--port", a.port, "port (0: any free one)")->check(CLI::Range(0, 65535));
   a.serve->add_option("--model-name", a.model_name,
                       "model id clients send (default: directory name)");
-  a.serve->add_option("--threads", a.threads, "HTTP worker threads")->check(CLI::Range(1, 4096));
+  a.serve->add_option("--threads", a.threads, "HTTP worker threads (requests served at once)")
+      ->check(CLI::Range(1, 4096));
+  a.serve
+      ->add_option("--max-connections", a.max_connections,
+                   "open client connections in total (over: 503)")
+      ->check(CLI::Range(1, 1 << 20));
+  a.serve
+      ->add_option("--max-connections-per-client", a.max_connections_per_client,
+                   "open connections per client address (over: 429)")
+      ->check(CLI::Range(1, 1 << 20));
+  a.serve
+      ->add_option("--header-timeout", a.header_timeout,
+                   "seconds a request's headers may take to arrive (then 408)")
+      ->check(CLI::Range(0.1, 3600.0));
+  a.serve
+      ->add_option("--body-timeout", a.body_timeout,
+                   "seconds a request's body may take after its headers (then 408)")
+      ->check(CLI::Range(0.1, 3600.0));
+  a.serve
+      ->add_option("--keep-alive-timeout", a.keep_alive_timeout,
+                   "seconds an idle keep-alive connection is kept")
+      ->check(CLI::Range(1.0, 3600.0));
   a.serve->add_option("--max-body", a.max_body, "largest request body in bytes")
       ->check(CLI::Range(1, 1 << 30));
   a.serve
@@ -211,6 +233,17 @@ int serve_command(const InferArgs& a) {
   cfg.host = a.host;
   cfg.port = a.port;
   cfg.threads = a.threads;
+  cfg.connections.max_connections = a.max_connections;
+  cfg.connections.max_per_client = a.max_connections_per_client;
+  cfg.connections.header_timeout = a.header_timeout;
+  cfg.connections.body_timeout = a.body_timeout;
+  cfg.connections.idle_timeout = a.keep_alive_timeout;
+  // Each connection is a descriptor: lift the soft limit (often 1024) to the hard one.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   cfg.api_key = a.api_key;
   cfg.limits.model =
       a.model_name.empty()

@@ -32,6 +32,9 @@ struct InferArgs {
   int port = 8000, threads = 64;
   int64_t max_body = 1 << 20, max_tokens_limit = 4096;
   double grace = 10;
+  // The connection front (serve/connections.h).
+  int max_connections = 2048, max_connections_per_client = 256;
+  double header_timeout = 10, body_timeout = 30, keep_alive_timeout = 5;
 
   CLI::App *serve = nullptr, *generate = nullptr, *chat = nullptr;
   bool selected() const;

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "serve/connections.h"
+
 namespace myriad::serve {
 
 using json = nlohmann::json;
@@ -35,6 +37,17 @@ struct Flight {
   std::deque<infer::TokenEvent> events;
   std::atomic<bool> gone{false};  // the client left: the next callback cancels
   uint64_t id = 0;
+  int fd = -1;  // the client's socket while the request is in flight (guarded by m), else -1
+
+  // Whether the client went away (its socket says so); m held.
+  bool check_gone() {
+    if (!gone && fd >= 0 && peer_closed(fd)) gone = true;
+    return gone;
+  }
+  bool client_gone() {
+    std::lock_guard lock(m);
+    return check_gone();
+  }
 
   // Waits up to `timeout` for events; moves them out.
   std::deque<infer::TokenEvent> take(std::chrono::duration<double> timeout) {
@@ -80,7 +93,7 @@ struct Server::Impl {
   const data::Tokenizer& tok;
   ChatTemplate tmpl;
   ServeConfig cfg;
-  httplib::Server svr;
+  FrontServer svr;
   std::thread listener;
   int port = 0;
   int listen_fd = -1;
@@ -98,22 +111,34 @@ struct Server::Impl {
   std::atomic<int64_t> latency_us{0}, first_token_us{0}, first_token_n{0}, finished{0};
 
   Impl(infer::Engine& e, const data::Tokenizer& t, ChatTemplate ct, ServeConfig c)
-      : engine(e), tok(t), tmpl(std::move(ct)), cfg(std::move(c)) {}
+      : engine(e), tok(t), tmpl(std::move(ct)), cfg(std::move(c)), svr(front_limits(cfg)) {}
+
+  static ConnectionLimits front_limits(const ServeConfig& c) {
+    ConnectionLimits l = c.connections;
+    l.workers = c.threads;
+    l.max_body_bytes = c.limits.max_body_bytes;
+    return l;
+  }
 
   // ---- engine side ----
 
   std::shared_ptr<Flight> launch(const Job& job) {
     if (draining) throw ApiError(503, "the server is shutting down", "", "", "server_error");
     auto f = std::make_shared<Flight>();
+    f->fd = FrontServer::current_socket();
     infer::Request r{job.ids, job.sp};
     try {
+      // Every decode step looks at the client's socket: a client that went away cancels the
+      // request at once, and its cache pages are freed.
       f->id = engine.submit(std::move(r), [f](const infer::TokenEvent& e) {
+        bool keep;
         {
           std::lock_guard lock(f->m);
           f->events.push_back(e);
+          keep = !f->check_gone();
         }
         f->cv.notify_one();
-        return !f->gone.load();
+        return keep;
       });
     } catch (const std::invalid_argument& e) {
       throw ApiError(400, e.what(), "", "invalid_value");
@@ -123,10 +148,14 @@ struct Server::Impl {
     return f;
   }
 
-  void land(const Flight& f, const Job& job, const Output& out, Clock::time_point t0) {
+  void land(Flight& f, const Job& job, const Output& out, Clock::time_point t0) {
     {
       std::lock_guard lock(flights_m);
       flights.erase(f.id);
+    }
+    {
+      std::lock_guard lock(f.m);  // the socket closes (and its number is reused) after this
+      f.fd = -1;
     }
     prompt_tokens += static_cast<int64_t>(job.ids.size());
     completion_tokens += out.tokens;
@@ -259,11 +288,19 @@ struct Server::Impl {
     const auto t0 = Clock::now();
     auto f = launch(job);
     Output out;
+    bool cancelling = false;
     while (!out.done) {
-      absorb(f->take(std::chrono::seconds(1)), out, job);
+      absorb(f->take(std::chrono::milliseconds(100)), out, job);
+      // Also while the request waits for admission, when the engine calls back with nothing.
+      if (!out.done && !cancelling && f->client_gone()) {
+        cancelling = true;
+        engine.cancel(f->id);
+      }
     }
     land(*f, job, out, t0);
     if (out.finish == "error") throw ApiError(500, "generation failed: " + out.error);
+    if (f->gone)
+      throw ApiError(499, "the client closed the connection", "", "client_closed_request");
     if (out.finish == "cancelled")
       throw ApiError(503, "the request was cancelled (the server is shutting down)", "", "",
                      "server_error");
@@ -317,7 +354,20 @@ struct Server::Impl {
             else if (job.echo)
               chunk(job.echo_text, "", nullptr);
           }
-          const auto evs = st->f->take(std::chrono::duration<double>(cfg.ping_seconds));
+          // Events, or a ping after ping_seconds without any; the client's socket is looked at
+          // every 100 ms meanwhile (a request waiting for admission gets no engine callbacks).
+          std::deque<infer::TokenEvent> evs;
+          const auto ping_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(cfg.ping_seconds));
+          while (evs.empty()) {
+            if (st->f->client_gone()) {
+              engine.cancel(st->f->id);
+              return false;
+            }
+            const auto left = ping_at - Clock::now();
+            if (left <= Clock::duration::zero()) break;
+            evs = st->f->take(std::min<Clock::duration>(left, std::chrono::milliseconds(100)));
+          }
           if (evs.empty() && buf.empty()) buf = ": ping\n\n";
           const size_t lp0 = st->out.logprobs.size();
           const bool was_empty = st->out.tokens == 0;
@@ -396,7 +446,7 @@ struct Server::Impl {
         });
   }
 
-  void finish_stream(const Flight& f, const Job& job, const Output& out, Clock::time_point t0,
+  void finish_stream(Flight& f, const Job& job, const Output& out, Clock::time_point t0,
                      bool& landed) {
     if (landed) return;
     landed = true;
@@ -442,10 +492,6 @@ struct Server::Impl {
   }
 
   void routes() {
-    svr.new_task_queue = [n = cfg.threads] {
-      return std::make_unique<httplib::ThreadPool>(static_cast<size_t>(n))
-          .release();  // httplib owns it
-    };
     svr.set_payload_max_length(cfg.limits.max_body_bytes);
     svr.set_socket_options([this](socket_t sock) {
       int yes = 1;
@@ -475,8 +521,15 @@ struct Server::Impl {
           else if (res.status == 404 || res.status == 405)
             send_error(res, ApiError(404, "Invalid URL (" + req.method + " " + req.path + ")", "",
                                      "unknown_url"));
-          else
-            send_error(res, ApiError(res.status, "bad request"));
+          else if (res.status == 414)
+            send_error(res, ApiError(414, "request URI too long"));
+          else if (res.status == 400) {
+            send_error(res, ApiError(400,
+                                     "malformed HTTP request: the request line, a header or the "
+                                     "chunked body could not be parsed"));
+            FrontServer::close_after_response();  // where the next request starts is unsure
+          } else
+            send_error(res, ApiError(res.status, "the HTTP request could not be served"));
           count(req, res.status);
           return httplib::Server::HandlerResponse::Handled;
         }));
@@ -529,6 +582,13 @@ struct Server::Impl {
         m += "myriad_requests_total{route=\"" + k.first + "\",status=\"" +
              std::to_string(k.second) + "\"} " + std::to_string(n) + "\n";
     }
+    const ConnectionStats cs = svr.stats();
+    metric("myriad_open_connections", "gauge", "Client connections open (idle ones included).",
+           cs.open);
+    m += "# HELP myriad_connection_errors_total Connections answered with an error and closed "
+         "by the front (caps, timeouts, sizes).\n# TYPE myriad_connection_errors_total counter\n";
+    for (const auto& [reason, n] : cs.errors)
+      m += "myriad_connection_errors_total{reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
     metric("myriad_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
            prompt_tokens.load());
     metric("myriad_generated_tokens_total", "counter", "Tokens generated for finished requests.",
@@ -586,6 +646,7 @@ struct Server::Impl {
     wait_idle(5.0);
     svr.stop();
     if (listener.joinable()) listener.join();
+    svr.close_connections();
   }
 };
 

@@ -8,17 +8,20 @@
 #include <vector>
 
 #include "infer/engine.h"
+#include "serve/connections.h"
 #include "serve/protocol.h"
 
 namespace myriad::serve {
 
 struct ServeConfig {
   std::string host = "127.0.0.1";
-  int port = 8000;          // 0: any free port (see Server::port)
-  Limits limits;            // limits.model is the id clients must send
-  int threads = 64;         // HTTP worker threads (connections served at once)
-  std::string api_key;      // non-empty: /v1/* need "Authorization: Bearer <api_key>"
-  double ping_seconds = 5;  // SSE comment after this long without tokens (finds gone clients)
+  int port = 8000;               // 0: any free port (see Server::port)
+  Limits limits;                 // limits.model is the id clients must send
+  int threads = 64;              // HTTP worker threads (requests served at once)
+  ConnectionLimits connections;  // caps and timeouts of the connection front (connections.h);
+                                 // its workers and max_body_bytes come from the fields here
+  std::string api_key;           // non-empty: /v1/* need "Authorization: Bearer <api_key>"
+  double ping_seconds = 5;       // SSE comment after this long without tokens (finds gone clients)
 };
 
 // The token ids of a rendered chat prompt: bos when the template asks for it, then the parts
