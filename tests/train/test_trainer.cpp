@@ -532,19 +532,23 @@ TEST(Trainer, ResumeKeepsStageEvaluations) {
   // Stage 0's held-out loss is every later gate's reference; s1 and s2 compare with s0 and s1.
   EXPECT_EQ(full.stage_outcomes()[2].grids.size(), 2u);
 
-  {  // Stopped right after s0's evaluation (step 3, checkpointed), then resumed.
-    const fs::path out = temp_dir("stop3");
-    run_losses(r, out, 3);
+  // Resumes the run in `out` and compares it with the uninterrupted one.
+  const auto resume_matches = [&](const fs::path& out, int64_t first_step) {
     Trainer t(r, out.string());
     t.set_quiet(true);
     t.run(true);
     ASSERT_TRUE(t.finished());
-    EXPECT_EQ(t.history().front().step, 4);
+    EXPECT_EQ(t.history().front().step, first_step);
     EXPECT_EQ(eval_results(t.stage_outcomes()), want);
     ASSERT_EQ(t.stage_results().size(), 3u);
     for (size_t i = 0; i < 3; ++i)
       EXPECT_EQ(t.stage_results()[i].heldout_loss, full.stage_results()[i].heldout_loss) << i;
     EXPECT_EQ(report_stages(out), report_stages(full_dir));
+  };
+  {  // Stopped right after s0's evaluation (step 3, checkpointed), then resumed.
+    const fs::path out = temp_dir("stop3");
+    run_losses(r, out, 3);
+    resume_matches(out, 4);
   }
   {  // Killed after s1's evaluation at step 5, before a checkpoint: the newest is step 4.
     const fs::path out = temp_dir("kill5");
@@ -557,13 +561,7 @@ TEST(Trainer, ResumeKeepsStageEvaluations) {
       };
       EXPECT_THROW(t.run(), std::runtime_error);
     }
-    Trainer t(r, out.string());
-    t.set_quiet(true);
-    t.run(true);
-    ASSERT_TRUE(t.finished());
-    EXPECT_EQ(t.history().front().step, 5);
-    EXPECT_EQ(eval_results(t.stage_outcomes()), want);
-    EXPECT_EQ(report_stages(out), report_stages(full_dir));
+    resume_matches(out, 5);
   }
 }
 
