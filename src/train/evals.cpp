@@ -4,14 +4,17 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <sstream>
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "infer/engine.h"
 #include "ops/ops.h"
 
 namespace myriad::train {
@@ -63,18 +66,27 @@ EvalGrid run_grid(const model::Decoder& m, const data::Tokenizer& tok, const Eva
                ": seeds, segment and max_new_tokens must be positive");
   EvalGrid g{task, cfg.lengths, depths, {}, {}, 0};
   const size_t nd = std::max<size_t>(depths.size(), 1);
+  std::vector<data::SyntheticItem> items;
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t li = 0; li < cfg.lengths.size(); ++li)
+    for (size_t di = 0; di < nd; ++di)
+      for (int s = 0; s < cfg.seeds; ++s) {
+        items.push_back(make(item_seed(seed, task, li, di, s), cfg.lengths[li],
+                             depths.empty() ? 0.0 : depths[di]));
+        prompts.push_back(items.back().tokens);
+      }
+  const auto outs = greedy_completions(m, tok, prompts, cfg.segment, cfg.max_new_tokens);
   double total = 0;
+  size_t k = 0;
   for (size_t li = 0; li < cfg.lengths.size(); ++li) {
     std::vector<double> acc(nd), rec(nd);
     for (size_t di = 0; di < nd; ++di) {
       int hits = 0;
       double found = 0;
-      for (int s = 0; s < cfg.seeds; ++s) {
-        const auto item = make(item_seed(seed, task, li, di, s), cfg.lengths[li],
-                               depths.empty() ? 0.0 : depths[di]);
-        const std::string out = serve_greedy(m, tok, item.tokens, cfg.segment, cfg.max_new_tokens);
-        hits += exact_match(out, item.answer);
-        if (track_recovered) found += recovered_fraction(out, item.answer);
+      for (int s = 0; s < cfg.seeds; ++s, ++k) {
+        const std::string out = tok.decode(outs[k]);
+        hits += exact_match(out, items[k].answer);
+        if (track_recovered) found += recovered_fraction(out, items[k].answer);
       }
       acc[di] = static_cast<double>(hits) / cfg.seeds;
       rec[di] = found / cfg.seeds;
@@ -131,22 +143,45 @@ Tensor segmented_prefill(const model::Decoder& m, const std::vector<int32_t>& id
   return all_logits ? ops::concat(parts, 1) : last;
 }
 
-std::string serve_greedy(const model::Decoder& m, const data::Tokenizer& tok,
-                         const std::vector<int32_t>& prompt, int64_t segment, int max_new) {
-  NoGradGuard ng;
-  model::DecodeCache cache = m.new_cache();
-  Tensor logits = segmented_prefill(m, prompt, segment, cache);
-  std::vector<int32_t> out;
-  for (int k = 0; k < max_new; ++k) {
-    const int64_t next = ops::max(logits, 0).indices.to_ints()[0];
-    if (next == tok.eos()) break;
-    out.push_back(static_cast<int32_t>(next));
-    if (k + 1 == max_new) break;
-    const std::vector<int64_t> one{next};
-    logits = ops::contiguous(
-        ops::reshape(m.forward(Tensor::from_ints(one, {1, 1}), &cache).logits_BTV, {-1}));
+std::vector<std::vector<int32_t>> greedy_completions(
+    const model::Decoder& m, const data::Tokenizer& tok,
+    const std::vector<std::vector<int32_t>>& prompts, int64_t segment, int max_new,
+    int64_t cache_budget_bytes) {
+  MYRIAD_CHECK(segment >= 1 && max_new >= 1, "greedy_completions: segment ", segment, ", max_new ",
+               max_new);
+  infer::EngineConfig ec;
+  ec.prefill_chunk = segment;
+  ec.cache_budget_bytes = cache_budget_bytes;
+  ec.allow_sliding_mla = false;
+  ec.prefix_cache_entries = 0;
+  infer::Engine engine(m, tok, ec);
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  std::vector<std::string> errors(prompts.size());
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t left = prompts.size();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    infer::Request req;
+    req.prompt = prompts[i];
+    req.params.temperature = 0;
+    req.params.max_tokens = max_new;
+    engine.submit(std::move(req), [&, i](const infer::TokenEvent& e) {
+      std::lock_guard lock(mu);
+      if (e.token >= 0 && e.token != tok.eos()) out[i].push_back(e.token);
+      if (e.finished) {
+        if (e.finish_reason == "error" || e.finish_reason == "cancelled")
+          errors[i] = e.finish_reason + ": " + e.error;
+        if (--left == 0) cv.notify_all();
+      }
+      return true;
+    });
   }
-  return tok.decode(out);
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return left == 0; });
+  for (size_t i = 0; i < prompts.size(); ++i)
+    MYRIAD_CHECK(errors[i].empty(), "greedy_completions: prompt ", i, " (", prompts[i].size(),
+                 " tokens) ended with ", errors[i]);
+  return out;
 }
 
 bool exact_match(const std::string& output, const std::string& answer) {

@@ -1,7 +1,7 @@
 // Long-context evaluation (TRAINING.md §6) and the curriculum stage gates (§5.4).
 // Every item is generated from an evaluation seed (< 2^63, disjoint from training's) and runs
-// through the serving path: segmented prefill into a DecodeCache, then greedy decode one token at
-// a time, scored by exact match on the decoded text.
+// through the serving path, infer::Engine (chunked prefill, paged MLA cache, batched greedy
+// decode), scored by exact match on the decoded text.
 //
 // Cost: one item costs a prefill of about `length` tokens plus up to max_new_tokens single-token
 // steps, so a passkey grid costs lengths × depths × seeds items and an MK-NIAH or VT grid
@@ -64,12 +64,18 @@ EvalGrid eval_variable_tracking(const model::Decoder& m, const data::Tokenizer& 
 // ---- Serving path pieces (exposed for tests) ----
 // Prefill of `ids` into `cache`, `segment` tokens per forward. Returns the logits [1, T, V] of
 // every position when all_logits, else those of the last position [V] (the only ones decoding
-// needs; earlier segments then skip the LM head).
+// needs; earlier segments then skip the LM head). Used to check that a segmented prefill equals a
+// single one (§6).
 Tensor segmented_prefill(const model::Decoder& m, const std::vector<int32_t>& ids, int64_t segment,
                          model::DecodeCache& cache, bool all_logits = false);
-// Segmented prefill then greedy decode until EOS or max_new tokens; the decoded text.
-std::string serve_greedy(const model::Decoder& m, const data::Tokenizer& tok,
-                         const std::vector<int32_t>& prompt, int64_t segment, int max_new);
+// Greedy completions of every prompt through one infer::Engine, the server's generation path:
+// chunked prefill (`segment` tokens per chunk), the paged MLA cache and batched decode of up to
+// 16 prompts at a time, until EOS or max_new tokens. The token ids, in prompt order. Throws when
+// a prompt cannot run in full within cache_budget_bytes (evaluation never slides the MLA window).
+std::vector<std::vector<int32_t>> greedy_completions(
+    const model::Decoder& m, const data::Tokenizer& tok,
+    const std::vector<std::vector<int32_t>>& prompts, int64_t segment, int max_new,
+    int64_t cache_budget_bytes = 4ll << 30);
 
 // Exact match (§6). A numeric answer matches when the first number in the output equals it
 // ("12345" and " 12345." match "12345"; "123456" does not). A non-numeric answer (VT: names

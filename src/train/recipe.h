@@ -23,6 +23,9 @@ struct StageSpec {
   // "base": the train shards; "long": a §5.2 long-context mix (mix_long_context) built at stage
   // start into <out>/stage-<name>/ from the corpus plus synthetic retrieval items.
   std::string data_mix = "base";
+  // "long" mix only: the share of tokens from synthetic retrieval items (passkey, MK-NIAH, VT,
+  // MQAR), in [0, 0.45] so that text stays the majority. §5.2's default is 0.2.
+  double synthetic_fraction = 0.2;
   // > 0: each [B, T] sequence runs as T / segment_len segments in order, carrying the decode
   // state (KDA state + conv, MLA latents); gradients flow through it unless detach_state
   // (truncated BPTT). The loss equals the one-pass mean loss.

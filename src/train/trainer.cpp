@@ -194,8 +194,8 @@ struct Trainer::Impl {
     const int64_t total = std::max(sp.steps * sp.tokens_per_step, 8 * sp.seq_len) * 5 / 4;
     const data::Filler filler =
         r.corpus == "builtin" ? data::Filler::wordnet(false) : data::Filler::fixed();
-    const data::LongContextMix mix =
-        data::mix_long_context(r.seed + i, corpus(), sp.seq_len, prev, total, *tok, filler);
+    const data::LongContextMix mix = data::mix_long_context(
+        r.seed + i, corpus(), sp.seq_len, prev, total, *tok, filler, sp.synthetic_fraction);
     data::write_token_shards(mix.docs, *tok, dir, r.shard_tokens, r.heldout_fraction, r.seed + i);
     if (!quiet)
       std::printf(
