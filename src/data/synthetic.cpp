@@ -187,8 +187,9 @@ SyntheticItem variable_tracking(uint64_t seed, int hops, int64_t length_tokens,
 }
 
 SyntheticItem mqar(uint64_t seed, int N, int64_t length_tokens, const Tokenizer& tokenizer,
-                   const Filler& filler) {
+                   const Filler& filler, int queries) {
   MYRIAD_CHECK(N >= 1 && N <= 4096, "mqar: N=", N, " not in [1, 4096]");
+  MYRIAD_CHECK(queries >= 1 && queries <= N, "mqar: queries=", queries, " not in [1, N=", N, "]");
   Rng rng(seed);
   std::vector<std::string> keys, values;
   std::vector<Needle> needles;
@@ -206,6 +207,17 @@ SyntheticItem mqar(uint64_t seed, int N, int64_t length_tokens, const Tokenizer&
             "Remember which value each key maps to in the following text.", std::move(needles),
             "Which value does key " + keys[q] + " map to? Key " + keys[q] + " maps to");
   item.answer = values[q];
+  std::vector<size_t> order(static_cast<size_t>(N));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  rng.shuffle(order);
+  int more = queries - 1;
+  for (size_t i : order) {
+    if (more == 0) break;
+    if (i == q) continue;
+    item.followup +=
+        (item.followup.empty() ? "" : " ") + ("Key " + keys[i] + " maps to " + values[i] + ".");
+    --more;
+  }
   return item;
 }
 
@@ -263,8 +275,10 @@ LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& s
         case 2:
           item = variable_tracking(s, std::array{1, 2, 4}[rng.below(3)], len, tokenizer, filler);
           break;
-        default:
-          item = mqar(s, std::array{8, 32, 128}[rng.below(3)], len, tokenizer, filler);
+        default: {  // up to 8 queries (each a lookup to learn), in the item's length
+          const int N = std::array{8, 32, 128}[rng.below(3)], Q = std::min(N, 8);
+          item = mqar(s, N, std::max<int64_t>(16, len - 10 * (Q - 1)), tokenizer, filler, Q);
+        }
       }
       // Many needles may not fit a short stage: fall back to one passkey.
       if (static_cast<int64_t>(item.tokens.size()) > stage_length)
@@ -272,8 +286,14 @@ LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& s
       MYRIAD_CHECK(static_cast<int64_t>(item.tokens.size()) <= stage_length,
                    "mix_long_context: stage_length ", stage_length,
                    " is too short for a passkey item (", item.tokens.size(), " tokens)");
-      out.docs.push_back(item.prompt + " " + item.answer + ".");
-      toks = tokenizer.encode(out.docs.back());
+      std::string doc = item.prompt + " " + item.answer + ".";
+      toks = tokenizer.encode(doc + (item.followup.empty() ? "" : " " + item.followup));
+      while (static_cast<int64_t>(toks.size()) > stage_length && !item.followup.empty()) {
+        const size_t cut = item.followup.rfind(" Key ");  // drop the last query
+        item.followup.resize(cut == std::string::npos ? 0 : cut);
+        toks = tokenizer.encode(doc + (item.followup.empty() ? "" : " " + item.followup));
+      }
+      out.docs.push_back(doc + (item.followup.empty() ? "" : " " + item.followup));
     }
     *made[cat] += static_cast<int64_t>(toks.size());
     total += static_cast<int64_t>(toks.size());

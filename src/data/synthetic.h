@@ -25,6 +25,9 @@ struct SyntheticItem {
   std::vector<int32_t> tokens;  // tokenizer.encode(prompt)
   std::string answer;           // exact-match target (VT: variable names separated by spaces)
   std::vector<double> depths;   // where each needle landed, as a fraction of the filler
+  // Training documents only: text that follows the answer (MQAR's further queries, each with its
+  // answer), so one item teaches several lookups.
+  std::string followup;
 };
 
 // Passkey: needle "The pass key is N. Remember it. N is the pass key." at depth (0..1) of about
@@ -41,9 +44,10 @@ SyntheticItem variable_tracking(uint64_t seed, int hops, int64_t length_tokens,
                                 const Tokenizer& tokenizer, const Filler& filler);
 
 // Associative recall: N pairs "Key {k} maps to {4-digit}." spread over the filler, then one key is
-// queried (the evaluation harness asks several seeds for per-query accuracy).
+// queried (the evaluation harness asks several seeds for per-query accuracy). queries > 1 (at most
+// N) fills `followup` with that many - 1 further distinct keys as "Key {k} maps to {v}." lines.
 SyntheticItem mqar(uint64_t seed, int N, int64_t length_tokens, const Tokenizer& tokenizer,
-                   const Filler& filler);
+                   const Filler& filler, int queries = 1);
 
 struct LongContextMix {
   std::vector<std::string> docs;  // training documents for write_token_shards

@@ -104,6 +104,20 @@ TEST(Synthetic, AssociativeRecall) {
   for (size_t p = 0; (p = it.prompt.find(" maps to ", p)) != std::string::npos; ++p) ++pairs;
   EXPECT_EQ(pairs, 8 + 1);  // the pairs and the instruction line
   EXPECT_EQ(it.depths.size(), 8u);
+  EXPECT_TRUE(it.followup.empty());
+  // Training form: 4 queries, the asked one and 3 other distinct keys, each with its own value.
+  const auto four = mqar(8, 8, 600, tok, Filler::fixed(), 4);
+  EXPECT_EQ(four.prompt, it.prompt);
+  std::set<std::string> asked{key};
+  const std::regex line("Key ([a-z]{4}) maps to ([0-9]{4})\\.");
+  for (std::sregex_iterator i(four.followup.begin(), four.followup.end(), line), end; i != end;
+       ++i) {
+    const std::string k = (*i)[1], v = (*i)[2];
+    EXPECT_NE(four.prompt.find("Key " + k + " maps to " + v + "."), std::string::npos) << k;
+    asked.insert(k);
+  }
+  EXPECT_EQ(asked.size(), 4u);
+  EXPECT_THROW(mqar(8, 8, 600, tok, Filler::fixed(), 9), myriad::Error);
 }
 
 TEST(Synthetic, LongContextMixShares) {
@@ -117,6 +131,13 @@ TEST(Synthetic, LongContextMixShares) {
   EXPECT_NEAR(mix.short_tokens / total, 0.25, 0.05);
   for (const auto& d : mix.docs) EXPECT_LE(static_cast<int64_t>(tok.encode(d).size()), 512 + 8);
   EXPECT_EQ(mix.docs, mix_long_context(1, source, 512, 128, 20000, tok, Filler::fixed(), 0.2).docs);
+  // A retrieval-heavy mix (text still the majority) keeps its shares; past 0.45 is an error.
+  const auto heavy = mix_long_context(2, source, 256, 64, 20000, tok, Filler::fixed(), 0.45);
+  const double n =
+      static_cast<double>(heavy.long_tokens + heavy.short_tokens + heavy.synthetic_tokens);
+  EXPECT_NEAR(heavy.synthetic_tokens / n, 0.45, 0.05);
+  for (const auto& d : heavy.docs) EXPECT_LE(static_cast<int64_t>(tok.encode(d).size()), 256 + 8);
+  EXPECT_THROW(mix_long_context(2, source, 256, 64, 20000, tok, Filler::fixed(), 0.5), myriad::Error);
 }
 
 TEST(Synthetic, WordNetFillerHalvesAreDisjoint) {
