@@ -287,13 +287,14 @@ TokenStream::TokenStream(const std::string& dir, const std::string& split, uint6
 TokenStream::~TokenStream() = default;
 TokenStream::TokenStream(TokenStream&&) noexcept = default;
 
-Batch TokenStream::next(int64_t B, int64_t T) {
+Batch TokenStream::next(int64_t B, int64_t T, bool align) {
   MYRIAD_CHECK(B > 0 && T > 0, "TokenStream::next: B and T must be positive, got B=", B, " T=", T);
   auto& m = *impl_;
   std::vector<int64_t> in(static_cast<size_t>(B * T)), lab(static_cast<size_t>(B * T));
   Batch out;
   out.doc_starts.resize(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
+    if (align && m.st.offset != 0) m.advance(m.docs[m.order[m.st.doc]].len - m.st.offset);
     // Row b is the next T tokens; its last label is the token the cursor stops on.
     for (int64_t t = 0; t < T; ++t) {
       if (m.st.offset == 0) out.doc_starts[b].push_back(t);

@@ -53,7 +53,10 @@ class TokenStream {
   ~TokenStream();
   TokenStream(TokenStream&&) noexcept;
 
-  Batch next(int64_t B, int64_t T);
+  // B rows of T tokens. align: every row starts at a document start (the rest of a document the
+  // previous row cut off is skipped), so a document of up to T tokens is always seen whole; the
+  // long-context mixes use it so a retrieval item's needle and question share a row.
+  Batch next(int64_t B, int64_t T, bool align = false);
   State state() const;
   void restore(const State& s);
 

@@ -357,7 +357,7 @@ struct Trainer::Impl {
     const int64_t seg = sp.segment_len > 0 && sp.segment_len < sp.seq_len ? sp.segment_len : 0;
     const int64_t L = seg ? seg : sp.seq_len;
     for (int64_t mb = 0; mb < n_micro; ++mb) {
-      const data::Batch b = stream->next(sp.batch_size, sp.seq_len);
+      const data::Batch b = stream->next(sp.batch_size, sp.seq_len, sp.data_mix == "long");
       double aux_mb = 0;
       // The balancers see every segment's routing; in aux_loss mode each MoE layer adds its
       // α n Σ f_j P_j term (per sequence of the segment with aux_scope = "sequence").

@@ -100,6 +100,35 @@ TEST(Shards, BatchesLabelsAndDocStarts) {
   }
 }
 
+// Aligned rows start at a document start and hold every document of up to T tokens whole; they
+// are the unaligned stream with the cut-off document tails left out.
+TEST(Shards, AlignedRowsStartAtDocuments) {
+  const auto dir = dtest::scratch_dir("aligned");
+  const auto docs = make_docs(60);  // 3..41 tokens with the eos
+  write_token_shards(docs, kVocab, kEos, dir, 400, 0.0, 3);
+  TokenStream s(dir, "train", 4);
+  const std::set<Doc> all(docs.begin(), docs.end());
+  const int64_t B = 5, T = 48;
+  int whole = 0;
+  for (int step = 0; step < 6; ++step) {
+    const auto b = s.next(B, T, /*align=*/true);
+    const auto in = row(b.input_ids);
+    for (int64_t r = 0; r < B; ++r) {
+      ASSERT_FALSE(b.doc_starts[r].empty());
+      EXPECT_EQ(b.doc_starts[r][0], 0) << "row " << r;
+      // The row's first document ends with an eos inside the row and is an input document.
+      Doc first;
+      int64_t t = 0;
+      for (; t < T && in[r * T + t] != kEos; ++t)
+        first.push_back(static_cast<int32_t>(in[r * T + t]));
+      ASSERT_LT(t, T) << "a document of at most 41 tokens fits a row of 48";
+      EXPECT_TRUE(all.count(first));
+      ++whole;
+    }
+  }
+  EXPECT_EQ(whole, 30);
+}
+
 TEST(Shards, DeterministicShuffleAndExactResume) {
   const auto dir = dtest::scratch_dir("resume");
   write_token_shards(make_docs(40), kVocab, kEos, dir, 300, 0.0, 3);
