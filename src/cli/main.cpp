@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/data.h"
+#include "cli/eval.h"
 #include "cli/plan.h"
 #include "cli/serve.h"
 #include "cli/train.h"
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
   myriad::cli::add_data_commands(app, data_args);
   myriad::cli::InferArgs infer_args;
   myriad::cli::add_infer_commands(app, infer_args);
+  myriad::cli::EvalArgs eval_args;
+  myriad::cli::add_eval_command(app, eval_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*selfcheck) return myriad::cli::selfcheck(sc);
@@ -44,7 +47,11 @@ int main(int argc, char** argv) {
     if (train_args.selected()) return myriad::cli::train_command(train_args);
     if (data_args.selected()) return myriad::cli::data_command(data_args);
     if (infer_args.selected()) return myriad::cli::infer_command(infer_args);
+    if (*eval_args.cmd) return myriad::cli::eval_command(eval_args);
   } catch (const myriad::Error& e) {
+    std::fprintf(stderr, "myriad: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "myriad: error: %s\n", e.what());
     return 1;
   }

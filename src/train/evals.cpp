@@ -64,7 +64,10 @@ EvalGrid run_grid(const model::Decoder& m, const data::Tokenizer& tok, const Eva
                   const Make& make, bool track_recovered) {
   MYRIAD_CHECK(cfg.seeds >= 1 && cfg.segment >= 1 && cfg.max_new_tokens >= 1, "eval ", task,
                ": seeds, segment and max_new_tokens must be positive");
-  EvalGrid g{task, cfg.lengths, depths, {}, {}, 0};
+  EvalGrid g;
+  g.task = task;
+  g.lengths = cfg.lengths;
+  g.depths = depths;
   const size_t nd = std::max<size_t>(depths.size(), 1);
   std::vector<data::SyntheticItem> items;
   std::vector<std::vector<int32_t>> prompts;
@@ -75,7 +78,13 @@ EvalGrid run_grid(const model::Decoder& m, const data::Tokenizer& tok, const Eva
                              depths.empty() ? 0.0 : depths[di]));
         prompts.push_back(items.back().tokens);
       }
-  const auto outs = greedy_completions(m, tok, prompts, cfg.segment, cfg.max_new_tokens);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto done = greedy_completions(m, tok, prompts, cfg.segment, cfg.max_new_tokens,
+                                       cfg.cache_budget_bytes, cfg.allow_sliding);
+  g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  g.cache_bytes_peak = done.cache_bytes_peak;
+  for (const auto& p : prompts) g.prompt_tokens += static_cast<int64_t>(p.size());
+  const auto& outs = done.tokens;
   double total = 0;
   size_t k = 0;
   for (size_t li = 0; li < cfg.lengths.size(); ++li) {
@@ -143,19 +152,20 @@ Tensor segmented_prefill(const model::Decoder& m, const std::vector<int32_t>& id
   return all_logits ? ops::concat(parts, 1) : last;
 }
 
-std::vector<std::vector<int32_t>> greedy_completions(
-    const model::Decoder& m, const data::Tokenizer& tok,
-    const std::vector<std::vector<int32_t>>& prompts, int64_t segment, int max_new,
-    int64_t cache_budget_bytes) {
+Completions greedy_completions(const model::Decoder& m, const data::Tokenizer& tok,
+                               const std::vector<std::vector<int32_t>>& prompts, int64_t segment,
+                               int max_new, int64_t cache_budget_bytes, bool allow_sliding) {
   MYRIAD_CHECK(segment >= 1 && max_new >= 1, "greedy_completions: segment ", segment, ", max_new ",
                max_new);
   infer::EngineConfig ec;
   ec.prefill_chunk = segment;
   ec.cache_budget_bytes = cache_budget_bytes;
-  ec.allow_sliding_mla = false;
+  ec.allow_sliding_mla = allow_sliding;
   ec.prefix_cache_entries = 0;
   infer::Engine engine(m, tok, ec);
-  std::vector<std::vector<int32_t>> out(prompts.size());
+  Completions c;
+  auto& out = c.tokens;
+  out.resize(prompts.size());
   std::vector<std::string> errors(prompts.size());
   std::mutex mu;
   std::condition_variable cv;
@@ -181,7 +191,8 @@ std::vector<std::vector<int32_t>> greedy_completions(
   for (size_t i = 0; i < prompts.size(); ++i)
     MYRIAD_CHECK(errors[i].empty(), "greedy_completions: prompt ", i, " (", prompts[i].size(),
                  " tokens) ended with ", errors[i]);
-  return out;
+  c.cache_bytes_peak = engine.stats().cache_bytes_peak;
+  return c;
 }
 
 bool exact_match(const std::string& output, const std::string& answer) {

@@ -32,6 +32,11 @@ struct EvalConfig {
   int64_t segment = 4096;  // prefill segment in tokens
   int max_new_tokens = 16;
   bool wordnet_filler = true;  // WordNet evaluation half when installed; false: the fixed set
+  // The engine the items run through (see greedy_completions).
+  int64_t cache_budget_bytes = 4ll << 30;
+  // Past the budget the MLA cache slides (a window of pages per layer, KDA state whole): constant
+  // memory at any length. false: an item that does not fit the budget is an error.
+  bool allow_sliding = false;
 };
 // Lengths {L/8, L/4, L/2, L, 2L} for stage length L (§6), the other fields at their defaults.
 EvalConfig grid_for_stage(int64_t stage_len);
@@ -45,7 +50,10 @@ struct EvalGrid {
   std::vector<std::vector<double>> accuracy;  // [length][depth], fractions in [0, 1]
   // VT only (same shape): mean fraction of the asked-for variables recovered (§6).
   std::vector<std::vector<double>> recovered;
-  double mean = 0;  // over all cells
+  double mean = 0;               // over all cells
+  double seconds = 0;            // wall time of the grid's generation
+  int64_t cache_bytes_peak = 0;  // the engine's high-water mark of cache memory
+  int64_t prompt_tokens = 0;     // over all items
   // Mean over depths at lengths[i].
   double at(size_t i) const;
 };
@@ -70,12 +78,16 @@ Tensor segmented_prefill(const model::Decoder& m, const std::vector<int32_t>& id
                          model::DecodeCache& cache, bool all_logits = false);
 // Greedy completions of every prompt through one infer::Engine, the server's generation path:
 // chunked prefill (`segment` tokens per chunk), the paged MLA cache and batched decode of up to
-// 16 prompts at a time, until EOS or max_new tokens. The token ids, in prompt order. Throws when
-// a prompt cannot run in full within cache_budget_bytes (evaluation never slides the MLA window).
-std::vector<std::vector<int32_t>> greedy_completions(
-    const model::Decoder& m, const data::Tokenizer& tok,
-    const std::vector<std::vector<int32_t>>& prompts, int64_t segment, int max_new,
-    int64_t cache_budget_bytes = 4ll << 30);
+// 16 prompts at a time, until EOS or max_new tokens. Throws when a prompt cannot run within
+// cache_budget_bytes (in full, or with a sliding MLA window when allow_sliding).
+struct Completions {
+  std::vector<std::vector<int32_t>> tokens;  // in prompt order, without the EOS
+  int64_t cache_bytes_peak = 0;
+};
+Completions greedy_completions(const model::Decoder& m, const data::Tokenizer& tok,
+                               const std::vector<std::vector<int32_t>>& prompts, int64_t segment,
+                               int max_new, int64_t cache_budget_bytes = 4ll << 30,
+                               bool allow_sliding = false);
 
 // Exact match (§6). A numeric answer matches when the first number in the output equals it
 // ("12345" and " 12345." match "12345"; "123456" does not). A non-numeric answer (VT: names

@@ -133,7 +133,7 @@ TEST(Evals, EngineGreedyMatchesDecoderGreedy) {
         data::passkey(5 + i, 40 + 60 * i, 0.2 * i, tokenizer(), data::Filler::fixed()).tokens);
   ASSERT_GT(prompts.back().size(), 256u);  // more than one MLA page
   const int new_tokens = 8;
-  const auto got = greedy_completions(m, tokenizer(), prompts, /*segment=*/48, new_tokens);
+  const auto got = greedy_completions(m, tokenizer(), prompts, /*segment=*/48, new_tokens).tokens;
   ASSERT_EQ(got.size(), prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::vector<int64_t> ids64(prompts[i].begin(), prompts[i].end());

@@ -1,0 +1,98 @@
+#include "cli/eval.h"
+
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/serve.h"
+#include "data/tokenizer.h"
+#include "model/decoder.h"
+#include "train/evals.h"
+
+namespace myriad::cli {
+
+void add_eval_command(CLI::App& app, EvalArgs& a) {
+  auto* c = app.add_subcommand(
+      "eval", "long-context grids (passkey, MK-NIAH, VT) on a saved model through the engine");
+  c->add_option("model_dir", a.model_dir,
+                "model directory: config.json, model.safetensors, tokenizer.model")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  c->add_option("--tasks", a.tasks, "passkey, mk_niah, vt")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"passkey", "mk_niah", "vt"}));
+  c->add_option("--lengths", a.lengths, "prompt lengths in tokens, e.g. 32768,65536")
+      ->delimiter(',')
+      ->required()
+      ->check(CLI::Range(int64_t{16}, int64_t{1} << 24));
+  c->add_option("--depths", a.depths, "passkey depths in [0, 1]")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 1.0));
+  c->add_option("--seeds", a.seeds, "items per cell")->check(CLI::Range(1, 10000));
+  c->add_option("--seed", a.seed, "evaluation seed (items are disjoint from training's)");
+  c->add_option("--segment", a.segment, "prefill chunk in tokens")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  c->add_option("--mk-niah-keys", a.mk_niah_keys, "K of MK-NIAH")->check(CLI::Range(1, 64));
+  c->add_option("--vt-hops", a.vt_hops, "hops of VT")->check(CLI::Range(1, 64));
+  c->add_option("--cache-budget", a.cache_budget, "engine cache memory (e.g. 64M, 4G)");
+  c->add_flag("--sliding", a.sliding,
+              "past the budget, slide the MLA cache window (constant memory) instead of failing");
+  c->add_option("--json", a.json, "write the grids, times, cache peaks and peak RSS here");
+  a.cmd = c;
+}
+
+int eval_command(const EvalArgs& a) {
+  namespace fs = std::filesystem;
+  const model::Decoder m = model::Decoder::load(a.model_dir);
+  const data::Tokenizer tok =
+      data::Tokenizer::load((fs::path(a.model_dir) / "tokenizer.model").string());
+  train::EvalConfig cfg;
+  cfg.lengths = a.lengths;
+  cfg.depths = a.depths;
+  cfg.seeds = a.seeds;
+  cfg.segment = a.segment;
+  cfg.cache_budget_bytes = parse_bytes(a.cache_budget);
+  cfg.allow_sliding = a.sliding;
+  nlohmann::json out = {{"model", a.model_dir}, {"grids", nlohmann::json::array()}};
+  for (const std::string& t : a.tasks) {
+    const train::EvalGrid g =
+        t == "passkey" ? train::eval_passkey(m, tok, cfg, a.seed)
+        : t == "mk_niah"
+            ? train::eval_mk_niah(m, tok, cfg, a.seed, static_cast<int>(a.mk_niah_keys))
+            : train::eval_variable_tracking(m, tok, cfg, a.seed, static_cast<int>(a.vt_hops));
+    std::printf("%-12s", g.task.c_str());
+    for (size_t i = 0; i < g.lengths.size(); ++i)
+      std::printf("  %lld: %.2f", static_cast<long long>(g.lengths[i]), g.at(i));
+    std::printf("   (%.1f s, %.0f prompt tokens/s, cache peak %.1f MiB)\n", g.seconds,
+                static_cast<double>(g.prompt_tokens) / std::max(g.seconds, 1e-9),
+                static_cast<double>(g.cache_bytes_peak) / (1 << 20));
+    std::fflush(stdout);
+    out["grids"].push_back({{"task", g.task},
+                            {"lengths", g.lengths},
+                            {"depths", g.depths},
+                            {"accuracy", g.accuracy},
+                            {"mean", g.mean},
+                            {"seconds", g.seconds},
+                            {"prompt_tokens", g.prompt_tokens},
+                            {"cache_bytes_peak", g.cache_bytes_peak}});
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const double rss_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB
+  std::printf("peak RSS %.1f MiB\n", rss_mib);
+  out["peak_rss_mib"] = rss_mib;
+  out["sliding"] = a.sliding;
+  out["cache_budget_bytes"] = cfg.cache_budget_bytes;
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    f << out.dump(1) << "\n";
+    if (!f) throw std::runtime_error("cannot write " + a.json);
+  }
+  return 0;
+}
+
+}  // namespace myriad::cli
