@@ -9,9 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/serve.h"
+#include "core/autograd.h"
+#include "data/shards.h"
 #include "data/tokenizer.h"
 #include "model/decoder.h"
 #include "train/evals.h"
+#include "train/trainer.h"
 
 namespace myriad::cli {
 
@@ -41,6 +44,13 @@ void add_eval_command(CLI::App& app, EvalArgs& a) {
   c->add_option("--cache-budget", a.cache_budget, "engine cache memory (e.g. 64M, 4G)");
   c->add_flag("--sliding", a.sliding,
               "past the budget, slide the MLA cache window (constant memory) instead of failing");
+  c->add_option("--heldout", a.heldout_dir, "shard directory whose held-out split gives the loss")
+      ->check(CLI::ExistingDirectory);
+  c->add_option("--loss-lengths", a.loss_lengths, "lengths of the held-out loss, e.g. 256,4096")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
+  c->add_option("--loss-tokens", a.loss_tokens, "held-out tokens per loss length")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
   c->add_option("--json", a.json, "write the grids, times, cache peaks and peak RSS here");
   a.cmd = c;
 }
@@ -79,6 +89,28 @@ int eval_command(const EvalArgs& a) {
                             {"seconds", g.seconds},
                             {"prompt_tokens", g.prompt_tokens},
                             {"cache_bytes_peak", g.cache_bytes_peak}});
+  }
+  if (!a.loss_lengths.empty()) {
+    if (a.heldout_dir.empty()) throw std::invalid_argument("--loss-lengths needs --heldout DIR");
+    NoGradGuard ng;
+    std::printf("held-out loss");
+    nlohmann::json losses = nlohmann::json::object();
+    for (int64_t L : a.loss_lengths) {
+      data::TokenStream hs(a.heldout_dir, "heldout", a.seed);
+      const int64_t rows = std::max<int64_t>(1, a.loss_tokens / L);
+      double sum = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        const data::Batch b = hs.next(1, L);
+        sum += train::Trainer::sequence_loss(m, b.input_ids, b.labels,
+                                             L > a.segment && L % a.segment == 0 ? a.segment : 0)
+                   .item();
+      }
+      std::printf("  %lld: %.4f", static_cast<long long>(L), sum / static_cast<double>(rows));
+      std::fflush(stdout);
+      losses[std::to_string(L)] = sum / static_cast<double>(rows);
+    }
+    std::printf("\n");
+    out["heldout_loss"] = losses;
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -1,7 +1,8 @@
 // `myriad eval MODEL_DIR --lengths ...`: the long-context grids of TRAINING.md §6 (passkey over
 // length × depth, MK-NIAH, VT) on a saved model, through the serving engine, at any length; with
-// --sliding the MLA cache slides past --cache-budget so memory stays constant. Prints each grid,
-// its time and cache peak, and the process's peak RSS; --json writes them.
+// --sliding the MLA cache slides past --cache-budget so memory stays constant; --heldout DIR
+// --loss-lengths adds the held-out loss at each length. Prints each grid, its time and cache
+// peak, and the process's peak RSS; --json writes them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,6 +24,11 @@ struct EvalArgs {
   uint64_t seed = 1;
   std::string cache_budget = "4G";
   bool sliding = false;
+  // Held-out loss at each of loss_lengths: rows of that length from heldout_dir's held-out split
+  // (a shard directory), about loss_tokens tokens per length, segment tokens per forward.
+  std::string heldout_dir;
+  std::vector<int64_t> loss_lengths;
+  int64_t loss_tokens = 32768;
   CLI::App* cmd = nullptr;
 };
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "core/error.h"
 #include "core/tensor.h"
 #include "train/recipe.h"
 #include "train/report.h"
@@ -35,9 +36,14 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
   c->add_option("--contrast-label", a.contrast_label, "legend of the contrast run");
   a.train = c;
   auto* r = app.add_subcommand("report", "rebuild a run's report.html from its metrics.jsonl");
-  r->add_option("run_dir", a.report_dir, "run directory (--out of myriad train)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
+  r->add_option("run_dir", a.report_dir,
+                "run directory (--out of myriad train); with --compare, where compare.html and "
+                "compare.md go")
+      ->required();
+  r->add_option("--compare", a.compare,
+                "LABEL=RUN_DIR: compare these runs (training, and each run's eval.json from "
+                "myriad eval --json) side by side");
+  r->add_option("--title", a.compare_title, "title of the comparison");
   r->add_option("--contrast", a.contrast, "another run directory to draw for contrast")
       ->check(CLI::ExistingDirectory);
   r->add_option("--contrast-label", a.contrast_label, "legend of the contrast run");
@@ -103,6 +109,18 @@ void print_samples(const model::Decoder& dec, const data::Tokenizer& tok) {
 }
 
 int report_command(const TrainArgs& a) {
+  if (!a.compare.empty()) {
+    std::vector<std::pair<std::string, std::string>> runs;
+    for (const std::string& c : a.compare) {
+      const size_t eq = c.find('=');
+      MYRIAD_CHECK(eq != std::string::npos && eq > 0, "--compare: '", c, "' is not LABEL=RUN_DIR");
+      runs.emplace_back(c.substr(0, eq), c.substr(eq + 1));
+    }
+    std::fputs(train::write_comparison(runs, a.report_dir, a.compare_title).c_str(), stdout);
+    std::printf("wrote %s/compare.html and compare.md\n", a.report_dir.c_str());
+    return 0;
+  }
+  MYRIAD_CHECK(fs::is_directory(a.report_dir), "report: ", a.report_dir, " is not a directory");
   RunReport rep(a.report_dir);
   if (!a.contrast.empty()) rep.add_contrast(a.contrast_label, a.contrast);
   rep.write_html();

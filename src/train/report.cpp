@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -126,20 +127,34 @@ std::string legend(const std::vector<Line>& lines) {
 
 // A line plot over steps with ticked axes, the stage boundaries and a legend above it; y on a
 // log scale when asked (points ≤ 0 are then left out). Empty without data.
+// The x axis of a line plot: steps by default; `lengths` draws x on a log2 scale with token
+// lengths as tick labels ("1K", "16K"); y0 / y1 fix the y range when finite; markers puts a dot
+// on every point.
+struct XAxis {
+  std::string label = "step";
+  bool lengths = false;
+  double y0 = NAN, y1 = NAN;
+  bool markers = false;
+};
+
 std::string line_plot(const std::string& title, const std::string& ylabel,
                       const std::vector<Line>& lines, const std::vector<StageMark>& stages,
-                      bool logy = false) {
+                      bool logy = false, const XAxis& ax = {}) {
   const double W = 640, H = 250, L = 64, R = 14, T = 20, B = 42;
   auto ok = [&](double y) { return std::isfinite(y) && (!logy || y > 0); };
   auto fy = [&](double v) { return logy ? std::log10(v) : v; };
+  auto fx = [&](double v) { return ax.lengths ? std::log2(std::max(v, 1.0)) : v; };
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const auto& l : lines)
     for (const auto& [x, y] : l.pts)
       if (ok(y)) {
-        x0 = std::min<double>(x0, x), x1 = std::max<double>(x1, x);
+        x0 = std::min<double>(x0, fx(static_cast<double>(x))),
+        x1 = std::max<double>(x1, fx(static_cast<double>(x)));
         y0 = std::min(y0, fy(y)), y1 = std::max(y1, fy(y));
       }
   if (x0 > x1) return "";  // no data
+  if (std::isfinite(ax.y0)) y0 = std::min(y0, fy(ax.y0));
+  if (std::isfinite(ax.y1)) y1 = std::max(y1, fy(ax.y1));
   std::string o = "<div class=\"card\"><h2>" + esc(title) + "</h2>";
   if (lines.size() > 1) o += legend(lines);
   o += svg_open("plot", W, H);
@@ -148,11 +163,11 @@ std::string line_plot(const std::string& title, const std::string& ylabel,
   const double pad =
       y1 > y0 ? 0.05 * (y1 - y0) : (logy ? 0.05 : std::max(0.05 * std::abs(y0), 1e-9));
   y0 -= pad, y1 += pad;
-  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto px = [&](double x) { return L + (fx(x) - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double v) { return H - B - (fy(v) - y0) / (y1 - y0) * (H - T - B); };
   // Stage bands (every other one shaded), boundaries and length labels.
   for (size_t i = 0; i < stages.size(); ++i) {
-    const double a = px(std::max(stages[i].x, x0));
+    const double a = px(std::max(stages[i].x, x0));  // step axes only
     const double b = i + 1 < stages.size() ? px(stages[i + 1].x) : W - R;
     if (i % 2) o += rect(a, T, b - a, H - T - B, "fill=\"#f1f4f9\"");
     if (stages[i].x > x0) o += line(a, T, a, H - B, "stroke=\"#7a869a\" stroke-dasharray=\"4,3\"");
@@ -163,13 +178,21 @@ std::string line_plot(const std::string& title, const std::string& ylabel,
   for (double v : axis_ticks(lo, hi, logy))
     o += line(L, py(v), W - R, py(v), "stroke=\"#e3e3e3\"") +
          text(L - 6, py(v) + 4, format_number(v), "end");
-  std::vector<double> xt = axis_ticks(x0, x1);
-  if (xt.size() > 1 && xt[1] - xt[0] < 1) xt = {x0, x1};  // steps are integers
-  for (double v : xt)
-    o += line(px(v), H - B, px(v), H - B + 4, "stroke=\"#444\"") +
-         text(px(v), H - B + 16, v >= 1e4 ? format_count(v) : format_number(v), "middle");
+  if (ax.lengths) {  // powers of two
+    for (double e = std::ceil(x0); e <= x1 + 1e-9; ++e) {
+      const double v = std::exp2(e);
+      o += line(px(v), H - B, px(v), H - B + 4, "stroke=\"#444\"") +
+           text(px(v), H - B + 16, format_length(static_cast<int64_t>(v)), "middle");
+    }
+  } else {
+    std::vector<double> xt = axis_ticks(x0, x1);
+    if (xt.size() > 1 && xt[1] - xt[0] < 1) xt = {x0, x1};  // steps are integers
+    for (double v : xt)
+      o += line(px(v), H - B, px(v), H - B + 4, "stroke=\"#444\"") +
+           text(px(v), H - B + 16, v >= 1e4 ? format_count(v) : format_number(v), "middle");
+  }
   o += rect(L, T, W - L - R, H - T - B, "fill=\"none\" stroke=\"#888\"");
-  o += text((L + W - R) / 2, H - 6, "step", "middle", "class=\"axis\"");
+  o += text((L + W - R) / 2, H - 6, ax.label, "middle", "class=\"axis\"");
   o += text(0, 0, ylabel + (logy ? " (log)" : ""), "middle",
             "class=\"axis\" transform=\"translate(14," + num((T + H - B) / 2) + ") rotate(-90)\"");
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -185,6 +208,11 @@ std::string line_plot(const std::string& title, const std::string& ylabel,
     for (const auto& [x, y] : lines[i].pts)
       if (ok(y)) o += num(px(x)) + "," + num(py(y)) + " ";
     o += "\"/>";
+    if (ax.markers)
+      for (const auto& [x, y] : lines[i].pts)
+        if (ok(y))
+          o += "<circle cx=\"" + num(px(x)) + "\" cy=\"" + num(py(y)) + "\" r=\"3\" fill=\"" + c +
+               "\"/>";
   }
   return o + "</svg></div>\n";
 }
@@ -605,6 +633,45 @@ std::string RunReport::html() const {
     o << line_plot("Throughput", "tokens/s", {{"tokens/s", tps}}, marks);
   o << "</div>\n";
 
+  // Accuracy against context length, one curve per stage, for each task; and the effective
+  // length (TRAINING.md §6) against the training tokens at each stage end.
+  if (!grids_.empty()) {
+    std::vector<std::string> tasks;
+    for (const Grid& g : grids_)
+      if (std::find(tasks.begin(), tasks.end(), g.task) == tasks.end()) tasks.push_back(g.task);
+    o << "<div class=\"grid\">\n";
+    for (const std::string& t : tasks) {
+      std::vector<Line> l;
+      for (const Grid& g : grids_) {
+        if (g.task != t) continue;
+        Series pts;
+        for (size_t i = 0; i < g.lengths.size(); ++i) {
+          double sum = 0;
+          for (double a : g.acc[i]) sum += a;
+          pts.emplace_back(g.lengths[i], g.acc[i].empty() ? NAN : sum / g.acc[i].size());
+        }
+        std::string name = "after " + g.stage;
+        for (const auto& r : rows)
+          if (r["stage"] == g.stage && r.contains("seq_len") && r["seq_len"].is_number())
+            name += " (" + format_length(r["seq_len"].get<int64_t>()) + ")";
+        l.push_back({name, pts});
+      }
+      XAxis ax{"context length (tokens)", true, 0.0, 1.0, true};
+      o << line_plot(t + " accuracy against context length", "accuracy", l, {}, false, ax);
+    }
+    Series eff;
+    for (const auto& r : rows)
+      if (r.contains("tokens") && r["tokens"].is_number() && r.contains("effective_length") &&
+          r["effective_length"].is_number())
+        eff.emplace_back(r["tokens"].get<int64_t>(), r["effective_length"].get<double>());
+    if (!eff.empty()) {
+      XAxis ax{"training tokens", false, 0.0, 256.0, true};  // a readable range when all are 0
+      o << line_plot("Effective length (mean accuracy ≥ 0.9) against training tokens",
+                     "effective length (tokens)", {{"effective length", eff}}, {}, false, ax);
+    }
+    o << "</div>\n";
+  }
+
   // Eval grids: per stage, one length × depth heatmap per task.
   if (!grids_.empty()) {
     o << "<h2 style=\"margin-top:16px\">Long-context evaluation: accuracy by context length and "
@@ -706,6 +773,153 @@ void RunReport::write_html() const {
   std::ofstream f(p);
   f << html();
   MYRIAD_CHECK(f.good(), "report: cannot write ", p);
+}
+
+namespace {
+std::string pct(double v) {
+  return std::isfinite(v) ? format_number(std::round(v * 1000) / 10) + "%" : "–";
+}
+double mean_row(const nlohmann::json& row) {
+  double s = 0;
+  int n = 0;
+  for (const auto& v : row)
+    if (v.is_number()) s += v.get<double>(), ++n;
+  return n ? s / n : NAN;
+}
+}  // namespace
+
+std::string write_comparison(const std::vector<std::pair<std::string, std::string>>& runs,
+                             const std::string& out_dir, const std::string& title) {
+  namespace fs = std::filesystem;
+  MYRIAD_CHECK(!runs.empty(), "compare: no runs");
+  std::ostringstream md;
+  std::vector<nlohmann::json> evals(runs.size());
+  // Training.
+  md << "| run | stages | tokens | wall time | tokens/s | held-out loss at stage ends |\n"
+        "|---|---|---|---|---|---|\n";
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const auto& [label, dir] = runs[k];
+    MYRIAD_CHECK(fs::exists(fs::path(dir) / "metrics.jsonl"), "compare: ", dir,
+                 " has no metrics.jsonl");
+    const RunReport rep(dir);
+    std::string stages, losses;
+    double tokens = NAN, wall = NAN;
+    for (const auto& r : rep.stage_rows()) {
+      const std::string len = r.contains("seq_len") && r["seq_len"].is_number()
+                                  ? format_length(r["seq_len"].get<int64_t>())
+                                  : r["stage"].get<std::string>();
+      stages += (stages.empty() ? "" : " → ") + len;
+      if (r.contains("heldout_loss") && r["heldout_loss"].is_number())
+        losses += (losses.empty() ? "" : " / ") + format_number(r["heldout_loss"].get<double>());
+      if (r.contains("tokens") && r["tokens"].is_number()) tokens = r["tokens"].get<double>();
+      if (r.contains("wall_seconds") && r["wall_seconds"].is_number())
+        wall = r["wall_seconds"].get<double>();
+    }
+    md << "| " << label << " | " << stages << " | " << format_count(tokens) << " | "
+       << (std::isfinite(wall) ? format_duration(wall) : "–") << " | "
+       << (std::isfinite(wall) && wall > 0 ? format_count(tokens / wall) : "–") << " | " << losses
+       << " |\n";
+    const fs::path ev = fs::path(dir) / "eval.json";
+    if (fs::exists(ev)) {
+      std::ifstream f(ev);
+      evals[k] = nlohmann::json::parse(f);
+    }
+  }
+  // Held-out loss per length, accuracy per task and length, memory.
+  std::vector<std::string> loss_lengths, tasks;
+  std::vector<int64_t> lengths;
+  for (const auto& e : evals) {
+    if (e.is_null()) continue;
+    for (const auto& [L, v] : e.value("heldout_loss", nlohmann::json::object()).items())
+      if (std::find(loss_lengths.begin(), loss_lengths.end(), L) == loss_lengths.end())
+        loss_lengths.push_back(L);
+    for (const auto& g : e["grids"]) {
+      const std::string t = g["task"].get<std::string>();
+      if (std::find(tasks.begin(), tasks.end(), t) == tasks.end()) tasks.push_back(t);
+      for (int64_t L : g["lengths"].get<std::vector<int64_t>>())
+        if (std::find(lengths.begin(), lengths.end(), L) == lengths.end()) lengths.push_back(L);
+    }
+  }
+  std::sort(
+      loss_lengths.begin(), loss_lengths.end(),
+      [](const std::string& a, const std::string& b) { return std::stoll(a) < std::stoll(b); });
+  std::sort(lengths.begin(), lengths.end());
+  std::vector<Line> loss_lines;
+  if (!loss_lengths.empty()) {
+    md << "\nHeld-out loss at each context length:\n\n| run |";
+    for (const auto& L : loss_lengths) md << " " << format_length(std::stoll(L)) << " |";
+    md << "\n|---|";
+    for (size_t i = 0; i < loss_lengths.size(); ++i) md << "---|";
+    md << "\n";
+    for (size_t k = 0; k < runs.size(); ++k) {
+      md << "| " << runs[k].first << " |";
+      Series pts;
+      const auto hl = evals[k].is_null() ? nlohmann::json::object()
+                                         : evals[k].value("heldout_loss", nlohmann::json::object());
+      for (const auto& L : loss_lengths) {
+        const double v = hl.contains(L) ? hl[L].get<double>() : NAN;
+        md << " " << (std::isfinite(v) ? format_number(v) : "–") << " |";
+        pts.emplace_back(std::stoll(L), v);
+      }
+      md << "\n";
+      loss_lines.push_back({runs[k].first, pts});
+    }
+  }
+  std::map<std::string, std::vector<Line>> acc_lines;
+  if (!tasks.empty()) {
+    md << "\nRetrieval accuracy (mean over depths and items) at each context length:\n\n| run | "
+          "task |";
+    for (int64_t L : lengths) md << " " << format_length(L) << " |";
+    md << "\n|---|---|";
+    for (size_t i = 0; i < lengths.size(); ++i) md << "---|";
+    md << "\n";
+    for (const std::string& t : tasks)
+      for (size_t k = 0; k < runs.size(); ++k) {
+        if (evals[k].is_null()) continue;
+        for (const auto& g : evals[k]["grids"]) {
+          if (g["task"] != t) continue;
+          const auto ls = g["lengths"].get<std::vector<int64_t>>();
+          md << "| " << runs[k].first << " | " << t << " |";
+          Series pts;
+          for (int64_t L : lengths) {
+            const auto it = std::find(ls.begin(), ls.end(), L);
+            const double v = it == ls.end() ? NAN : mean_row(g["accuracy"][it - ls.begin()]);
+            md << " " << pct(v) << " |";
+            if (std::isfinite(v)) pts.emplace_back(L, v);
+          }
+          md << "\n";
+          acc_lines[t].push_back({runs[k].first, pts});
+        }
+      }
+    md << "\nEvaluation cost (the engine, one process per run):\n\n| run | prompt tokens/s | "
+          "cache peak | peak RSS |\n|---|---|---|---|\n";
+    for (size_t k = 0; k < runs.size(); ++k) {
+      if (evals[k].is_null()) continue;
+      double tok = 0, sec = 0, peak = 0;
+      for (const auto& g : evals[k]["grids"]) {
+        tok += g.value("prompt_tokens", 0.0), sec += g.value("seconds", 0.0);
+        peak = std::max(peak, g.value("cache_bytes_peak", 0.0));
+      }
+      md << "| " << runs[k].first << " | " << (sec > 0 ? format_count(tok / sec) : "–") << " | "
+         << format_number(peak / (1 << 20)) << " MiB | "
+         << format_number(evals[k].value("peak_rss_mib", NAN)) << " MiB |\n";
+    }
+  }
+  fs::create_directories(out_dir);
+  std::ostringstream h;
+  h << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>" << esc(title)
+    << "</title><style>" << kStyle << "</style></head><body>\n<h1>" << esc(title)
+    << "</h1>\n<div class=\"grid\">\n";
+  for (const auto& [t, l] : acc_lines)
+    h << line_plot(t + " accuracy against context length", "accuracy", l, {}, false,
+                   XAxis{"context length (tokens)", true, 0.0, 1.0, true});
+  if (!loss_lines.empty())
+    h << line_plot("Held-out loss against context length", "loss", loss_lines, {}, false,
+                   XAxis{"context length (tokens)", true, NAN, NAN, true});
+  h << "</div>\n<pre>" << esc(md.str()) << "</pre>\n</body></html>\n";
+  std::ofstream(fs::path(out_dir) / "compare.html") << h.str();
+  std::ofstream(fs::path(out_dir) / "compare.md") << md.str();
+  return md.str();
 }
 
 }  // namespace myriad::train

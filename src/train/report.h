@@ -56,6 +56,7 @@ class RunReport {
   const std::map<std::string, std::vector<std::pair<int64_t, double>>>& series() const {
     return series_;
   }
+  const std::vector<nlohmann::json>& stage_rows() const { return summaries_; }
 
  private:
   void ingest(const nlohmann::json& j, bool write);
@@ -74,5 +75,13 @@ class RunReport {
   std::string contrast_label_;
   std::map<std::string, std::vector<std::pair<int64_t, double>>> contrast_;
 };
+
+// Side-by-side comparison of runs (label, run directory): each run's training (stages, tokens,
+// wall time, tokens/s, held-out loss per stage) from its metrics.jsonl and, when the run
+// directory has one, its eval.json (`myriad eval --json`: grids, held-out loss per length, cache
+// peak, peak RSS). Writes out_dir/compare.html (accuracy and held-out loss against context
+// length, one curve per run) and out_dir/compare.md; returns the Markdown tables.
+std::string write_comparison(const std::vector<std::pair<std::string, std::string>>& runs,
+                             const std::string& out_dir, const std::string& title);
 
 }  // namespace myriad::train
