@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include "cli/serve.h"
 #include "core/autograd.h"
+#include "data/corpus.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "model/decoder.h"
@@ -51,6 +53,9 @@ void add_eval_command(CLI::App& app, EvalArgs& a) {
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 24));
   c->add_option("--loss-tokens", a.loss_tokens, "held-out tokens per loss length")
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 30));
+  c->add_option("--induction", a.induction,
+                "induction probe: N random tokens repeated once; loss on each copy (0: off)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 16));
   c->add_option("--json", a.json, "write the grids, times, cache peaks and peak RSS here");
   a.cmd = c;
 }
@@ -111,6 +116,41 @@ int eval_command(const EvalArgs& a) {
     }
     std::printf("\n");
     out["heldout_loss"] = losses;
+  }
+  if (a.induction > 0) {
+    // 8 rows of N random ordinary tokens (no control or byte pieces' low ids), repeated.
+    NoGradGuard ng;
+    const int64_t N = a.induction, R = 8, V = tok.vocab_size();
+    data::Rng rng(a.seed);
+    std::vector<int64_t> ids;
+    for (int64_t r = 0; r < R; ++r) {
+      std::vector<int64_t> row;
+      while (static_cast<int64_t>(row.size()) < N) {
+        const auto t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
+        if (!tok.is_special(t) && t >= 3 + 256) row.push_back(t);  // past bos/eos/pad and bytes
+      }
+      ids.insert(ids.end(), row.begin(), row.end());
+      ids.insert(ids.end(), row.begin(), row.end());
+    }
+    const Tensor logits = m.forward(Tensor::from_ints(ids, {R, 2 * N})).logits_BTV;
+    const std::vector<double> lg = logits.to_doubles();
+    double first = 0, second = 0;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t t = 0; t + 1 < 2 * N; ++t) {
+        const double* row = lg.data() + (r * 2 * N + t) * V;
+        double mx = row[0];
+        for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+        double z = 0;
+        for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - mx);
+        const double nll = mx + std::log(z) - row[ids[r * 2 * N + t + 1]];
+        (t + 1 < N ? first : second) += nll;  // predicting a first-copy token, or a second-copy one
+      }
+    first /= static_cast<double>(R * (N - 1)), second /= static_cast<double>(R * N);
+    std::printf(
+        "induction probe (%lld random tokens, repeated): loss %.3f on the first copy, "
+        "%.3f on the second\n",
+        static_cast<long long>(N), first, second);
+    out["induction"] = {{"tokens", N}, {"first_copy_loss", first}, {"second_copy_loss", second}};
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -29,6 +29,9 @@ struct EvalArgs {
   std::string heldout_dir;
   std::vector<int64_t> loss_lengths;
   int64_t loss_tokens = 32768;
+  // Induction probe: rows of `induction` random tokens, each repeated once; the mean loss on the
+  // first copy and on the second (a model that copies from context predicts the second copy).
+  int64_t induction = 0;
   CLI::App* cmd = nullptr;
 };
 
