@@ -265,20 +265,21 @@ LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& s
           stage_length / 4 +
           static_cast<int64_t>(rng.below(static_cast<uint64_t>(stage_length * 3 / 4 + 1)));
       SyntheticItem item;
-      switch (rng.below(4)) {
-        case 0:
-          item = passkey(s, len, rng.uniform(), tokenizer, filler);
-          break;
-        case 1:
-          item = mk_niah(s, std::array{2, 4, 16}[rng.below(3)], len, tokenizer, filler);
-          break;
-        case 2:
-          item = variable_tracking(s, std::array{1, 2, 4}[rng.below(3)], len, tokenizer, filler);
-          break;
-        default: {  // up to 8 queries (each a lookup to learn), in the item's length
-          const int N = std::array{8, 32, 128}[rng.below(3)], Q = std::min(N, 8);
-          item = mqar(s, N, std::max<int64_t>(16, len - 10 * (Q - 1)), tokenizer, filler, Q);
-        }
+      // Task shares: passkey 20%, MK-NIAH 10%, VT 10%, MQAR 60%. MQAR items ask every key (up to
+      // 32) after the pairs, with a random amount of filler among them: the densest lookup signal,
+      // each answer a copy from context, the skill (induction) every retrieval task rests on.
+      const uint64_t pick = rng.below(10);
+      if (pick < 2) {
+        item = passkey(s, len, rng.uniform(), tokenizer, filler);
+      } else if (pick < 3) {
+        item = mk_niah(s, std::array{2, 4, 16}[rng.below(3)], len, tokenizer, filler);
+      } else if (pick < 4) {
+        item = variable_tracking(s, std::array{1, 2, 4}[rng.below(3)], len, tokenizer, filler);
+      } else {
+        const int N = std::array{8, 16, 32, 128}[rng.below(4)], Q = std::min(N, 32);
+        const int64_t room = std::max<int64_t>(16, len - 11 * (Q - 1));
+        item = mqar(s, N, 16 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(room - 15))),
+                    tokenizer, filler, Q);
       }
       // Many needles may not fit a short stage: fall back to one passkey.
       if (static_cast<int64_t>(item.tokens.size()) > stage_length)

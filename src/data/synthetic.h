@@ -57,7 +57,8 @@ struct LongContextMix {
 // (0.75 - synthetic_fraction) of tokens from concatenations of source documents reaching the stage
 // length, 0.25 from single documents of at most prev_stage_length tokens, and synthetic_fraction
 // (in [0, 0.45]; §5.2 asks 0.1-0.3, a small CPU model learns retrieval faster with more) from
-// passkey / MK-NIAH / VT / MQAR items of random length and depth.
+// passkey / MK-NIAH / VT / MQAR items (20 / 10 / 10 / 60%) of random length and depth; MQAR items
+// ask up to 32 of their keys, as many as fit the stage length.
 LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& source,
                                 int64_t stage_length, int64_t prev_stage_length,
                                 int64_t total_tokens, const Tokenizer& tokenizer,

@@ -830,7 +830,8 @@ std::string write_comparison(const std::vector<std::pair<std::string, std::strin
   std::vector<int64_t> lengths;
   for (const auto& e : evals) {
     if (e.is_null()) continue;
-    for (const auto& [L, v] : e.value("heldout_loss", nlohmann::json::object()).items())
+    const nlohmann::json losses = e.value("heldout_loss", nlohmann::json::object());
+    for (const auto& [L, v] : losses.items())
       if (std::find(loss_lengths.begin(), loss_lengths.end(), L) == loss_lengths.end())
         loss_lengths.push_back(L);
     for (const auto& g : e["grids"]) {

@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/error.h"
+
 #include "train/events.h"
 #include "train/report.h"
 
@@ -234,15 +236,17 @@ TEST(Report, WritesJsonlAndSelfContainedHtml) {
   EXPECT_TRUE(balanced(h, why)) << why;
   EXPECT_EQ(count(h, "<script"), 0u);
   EXPECT_EQ(count(h, "src="), 0u);  // nothing external
-  // 5 line plots, 2 layer heatmaps, 2 grids, 2 colour scales (accuracy, expert load).
-  EXPECT_EQ(count(h, "<svg"), 5u + 2u + 2u + 2u);
+  // 5 line plots, accuracy against length, 2 layer heatmaps, 2 grids, 2 colour scales (accuracy,
+  // expert load).
+  EXPECT_EQ(count(h, "<svg"), 5u + 1u + 2u + 2u + 2u);
   EXPECT_EQ(count(h, "class=\"heatmap\""), 2u);
   EXPECT_EQ(count(h, "class=\"evalgrid\""), 2u);
-  EXPECT_EQ(count(h, "<polyline"), 1u + 1u + 1u + 1u + 2u);  // loss, lr, grad, jitter, entropies
+  // loss, lr, grad, jitter, entropies, a passkey curve per stage
+  EXPECT_EQ(count(h, "<polyline"), 1u + 1u + 1u + 1u + 2u + 2u);
   EXPECT_NE(h.find("Expert load, layer 2"), std::string::npos);
   EXPECT_NE(h.find("passkey accuracy, stage S2"), std::string::npos);
   // Frames, load cells, grid cells, colour scale swatches.
-  EXPECT_EQ(count(h, "<rect"), 5u + 2u * 60u * 16u + 9u + 2u + 2u * 20u);
+  EXPECT_EQ(count(h, "<rect"), 6u + 2u * 60u * 16u + 9u + 2u + 2u * 20u);
   if (!std::getenv("MYRIAD_KEEP_REPORT")) fs::remove_all(dir);
 }
 
@@ -403,5 +407,54 @@ TEST(Report, StagesSummaryAndHeatmaps) {
   // Cells, depth headers, the colour scale's ends.
   EXPECT_EQ(count(h, "%</text>"), 3u * (4u + 2u) + 3u * 2u + 2u);
   EXPECT_EQ(count(h, "class=\"scale\""), 1u);
+  // Accuracy against length: one plot per task, one curve per stage, on a log2 length axis.
+  EXPECT_NE(h.find("passkey accuracy against context length"), std::string::npos);
+  EXPECT_NE(h.find("vt_h2 accuracy against context length"), std::string::npos);
+  EXPECT_NE(h.find("after ctx16K (16K)"), std::string::npos);
+  EXPECT_NE(h.find(">context length (tokens)<"), std::string::npos);
   fs::remove_all(dir);
+}
+
+// Two runs side by side: training rows from metrics.jsonl, the eval.json tables (held-out loss and
+// accuracy per length, eval cost), and compare.html with one curve per run.
+TEST(Report, ComparesRuns) {
+  const fs::path a = temp_dir("cmp_a"), b = temp_dir("cmp_b"), out = temp_dir("cmp_out");
+  for (const auto& [dir, loss] : {std::pair{a, 2.5}, std::pair{b, 3.0}}) {
+    {
+      RunReport r(dir.string());
+      r.stage_summary({{"stage", "ctx256"},
+                       {"index", 0},
+                       {"seq_len", 256},
+                       {"step", 10},
+                       {"tokens", 163840},
+                       {"heldout_loss", loss},
+                       {"wall_seconds", 80.0}});
+    }
+    std::ofstream(dir / "eval.json")
+        << nlohmann::json{{"grids",
+                           {{{"task", "passkey"},
+                             {"lengths", {256, 1024}},
+                             {"depths", {0.0, 1.0}},
+                             {"accuracy", {{1.0, 0.5}, {0.0, 0.0}}},
+                             {"seconds", 2.0},
+                             {"prompt_tokens", 4000},
+                             {"cache_bytes_peak", 1 << 20}}}},
+                          {"heldout_loss", {{"256", loss}, {"1024", loss - 0.1}}},
+                          {"peak_rss_mib", 300.0}};
+  }
+  const std::string md =
+      write_comparison({{"A", a.string()}, {"B", b.string()}}, out.string(), "test comparison");
+  EXPECT_NE(md.find("| A | 256 | 164K | 1 min 20 s | 2048 | 2.5 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| B | 3 | 2.9 |"), std::string::npos) << md;  // held-out loss at 256, 1K
+  EXPECT_NE(md.find("| A | passkey | 75% | 0% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| A | 2000 | 1 MiB | 300 MiB |"), std::string::npos) << md;
+  const std::string h = slurp(out / "compare.html");
+  std::string why;
+  EXPECT_TRUE(balanced(h, why)) << why;
+  EXPECT_NE(h.find("passkey accuracy against context length"), std::string::npos);
+  EXPECT_NE(h.find("Held-out loss against context length"), std::string::npos);
+  EXPECT_EQ(slurp(out / "compare.md"), md);
+  EXPECT_THROW(write_comparison({{"C", (out / "missing").string()}}, out.string(), "x"),
+               myriad::Error);
+  for (const auto& d : {a, b, out}) fs::remove_all(d);
 }
