@@ -3,15 +3,13 @@
 // through the serving path, infer::Engine (chunked prefill, paged MLA cache, batched greedy
 // decode), scored by exact match on the decoded text.
 //
-// Cost: one item costs a prefill of about `length` tokens plus up to max_new_tokens single-token
-// steps, so a passkey grid costs lengths × depths × seeds items and an MK-NIAH or VT grid
-// lengths × seeds items (their needles land at seeded random depths). The §6 default
-// ({L/8..2L} × 11 depths × 20 seeds) is 1,100 passkey prefills per stage; on the CPU pick
-// fewer seeds/depths (e.g. seeds = 2, depths {0, .5, 1}) for per-stage checks. Measured on this
-// 2-core machine, `tiny` preset, one OpenMP thread: 0.05 s per 1K-token item, 0.2 s at 4K,
-// 1.3 s at 16K, 4.5 s at 32K; so §6's full 16K-stage passkey grid is about 25 min, and 2 seeds ×
-// 3 depths under 1 min. Small models run far slower with OpenMP threads on a loaded machine
-// (1.5–4 s per item with 2 threads in the same test): evaluate them with one thread.
+// Cost: one item costs a prefill of about `length` tokens plus up to max_new_tokens decode steps,
+// batched 16 items at a time, so a passkey grid costs lengths × depths × seeds items and an
+// MK-NIAH or VT grid lengths × seeds items (their needles land at seeded random depths). The §6
+// default ({L/8..2L} × 11 depths × 20 seeds) is 1,100 passkey prefills per stage; on the CPU pick
+// fewer seeds/depths (e.g. seeds = 2, depths {0, .5, 1}) for per-stage checks. Measured on a
+// 2-core machine, `tiny` preset: a stage's passkey grid at lengths {128, 256, 512} × 3 depths ×
+// 4 seeds takes 1-2 s; prefill runs at about 6-12K tokens/s up to 16K tokens.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,5 @@
 #include "train/trainer.h"
 
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -506,22 +505,14 @@ struct Trainer::Impl {
     return o;
   }
 
-  // §6 grids and the §5.4 gate with one OpenMP thread (tiny models decode faster that way,
-  // evals.h); §5.4 (4) looks for a spike in the stage's last 10%.
+  // §6 grids (through infer::Engine, on its own thread) and the §5.4 gate; §5.4 (4) looks for a
+  // spike in the stage's last 10%.
   const StageOutcome& evaluate(size_t i, double hl) {
     const StageSpec& sp = r.stages[i];
     const int64_t window = std::max<int64_t>(1, sp.steps / 10);
     bool spike = false;
     for (const auto& sk : mon.spikes()) spike |= sk.step > step - window && sk.step <= step;
-    const int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
-    try {
-      evaluator->evaluate(*dec, *tok, sp.name, sp.seq_len, step, hl, spike);
-    } catch (...) {
-      omp_set_num_threads(threads);
-      throw;
-    }
-    omp_set_num_threads(threads);
+    evaluator->evaluate(*dec, *tok, sp.name, sp.seq_len, step, hl, spike);
     const StageOutcome& o = evaluator->outcomes().back();
     if (!quiet) {
       std::printf("eval %-10s (%.0f s):", o.stage.c_str(), o.seconds);

@@ -137,7 +137,8 @@ TEST(Synthetic, LongContextMixShares) {
       static_cast<double>(heavy.long_tokens + heavy.short_tokens + heavy.synthetic_tokens);
   EXPECT_NEAR(heavy.synthetic_tokens / n, 0.45, 0.05);
   for (const auto& d : heavy.docs) EXPECT_LE(static_cast<int64_t>(tok.encode(d).size()), 256 + 8);
-  EXPECT_THROW(mix_long_context(2, source, 256, 64, 20000, tok, Filler::fixed(), 0.5), myriad::Error);
+  EXPECT_THROW(mix_long_context(2, source, 256, 64, 20000, tok, Filler::fixed(), 0.5),
+               myriad::Error);
 }
 
 TEST(Synthetic, WordNetFillerHalvesAreDisjoint) {
