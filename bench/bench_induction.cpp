@@ -16,6 +16,7 @@
 #include "data/corpus.h"
 #include "model/config.h"
 #include "model/decoder.h"
+#include "train/evals.h"
 #include "train/optim.h"
 #include "train/trainer.h"
 
@@ -50,14 +51,10 @@ int main(int argc, char** argv) {
   c.validate();
   model::Decoder dec = model::Decoder::random(c, 1);
   dec.weights().requires_grad_(true);
-  train::NamedParams params;
-  for (const auto& s : dec.weights().specs())
-    if (s.trainable && train::param_group(s.name, s.shape) != train::ParamGroup::BalancerOwned)
-      params.emplace_back(s.name, dec.weights().get(s.name));
   train::OptimConfig oc;
   oc.lr = lr;
   oc.matrix_optimizer = optimizer;
-  train::Optimizer opt(params, oc);
+  train::Optimizer opt(train::Trainer::optimizer_params(dec), oc);
   data::Rng rng(3);
   const int64_t T = 2 * n;
   std::printf("%s, %lld layers (%zu KDA, %zu MLA), %lld rows of 2 x %lld tokens, %s lr %g\n",
@@ -90,22 +87,11 @@ int main(int argc, char** argv) {
       avg = 0;
     }
   }
-  // Held-out rows: the loss on each copy (predicting tokens 1..N-1, then N+1..2N-1).
-  NoGradGuard ng;
-  make(ids, lab);
-  const auto lg = dec.forward(Tensor::from_ints(ids, {batch, T})).logits_BTV.to_doubles();
-  double first = 0, second = 0;
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = 0; t + 1 < T; ++t) {
-      if (t == n - 1) continue;  // the first token of the second copy is not predictable
-      const double* row = lg.data() + (b * T + t) * 64;
-      double mx = row[0], z = 0;
-      for (int v = 1; v < 64; ++v) mx = std::max(mx, row[v]);
-      for (int v = 0; v < 64; ++v) z += std::exp(row[v] - mx);
-      (t < n ? first : second) += mx + std::log(z) - row[lab[b * T + t]];
-    }
-  std::printf("held-out loss: first copy %.3f, second copy %.3f (ln 60 = %.3f)\n",
-              first / static_cast<double>(batch * (n - 1)),
-              second / static_cast<double>(batch * (n - 1)), std::log(60.0));
+  // Fresh rows: the loss on each copy (train::induction_probe, as `myriad eval --induction`).
+  std::vector<int32_t> alphabet;
+  for (int32_t t = 4; t < 64; ++t) alphabet.push_back(t);
+  const train::CopyLosses p = train::induction_probe(dec, alphabet, n, batch, 4);
+  std::printf("held-out loss: first copy %.3f, second copy %.3f (ln 60 = %.3f)\n", p.first,
+              p.second, std::log(60.0));
   return 0;
 }

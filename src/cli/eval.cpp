@@ -3,7 +3,6 @@
 #include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +10,6 @@
 
 #include "cli/serve.h"
 #include "core/autograd.h"
-#include "data/corpus.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "model/decoder.h"
@@ -118,39 +116,17 @@ int eval_command(const EvalArgs& a) {
     out["heldout_loss"] = losses;
   }
   if (a.induction > 0) {
-    // 8 rows of N random ordinary tokens (no control or byte pieces' low ids), repeated.
-    NoGradGuard ng;
-    const int64_t N = a.induction, R = 8, V = tok.vocab_size();
-    data::Rng rng(a.seed);
-    std::vector<int64_t> ids;
-    for (int64_t r = 0; r < R; ++r) {
-      std::vector<int64_t> row;
-      while (static_cast<int64_t>(row.size()) < N) {
-        const auto t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(V)));
-        if (!tok.is_special(t) && t >= 3 + 256) row.push_back(t);  // past bos/eos/pad and bytes
-      }
-      ids.insert(ids.end(), row.begin(), row.end());
-      ids.insert(ids.end(), row.begin(), row.end());
-    }
-    const Tensor logits = m.forward(Tensor::from_ints(ids, {R, 2 * N})).logits_BTV;
-    const std::vector<double> lg = logits.to_doubles();
-    double first = 0, second = 0;
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t t = 0; t + 1 < 2 * N; ++t) {
-        const double* row = lg.data() + (r * 2 * N + t) * V;
-        double mx = row[0];
-        for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
-        double z = 0;
-        for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - mx);
-        const double nll = mx + std::log(z) - row[ids[r * 2 * N + t + 1]];
-        (t + 1 < N ? first : second) += nll;  // predicting a first-copy token, or a second-copy one
-      }
-    first /= static_cast<double>(R * (N - 1)), second /= static_cast<double>(R * N);
+    // Ordinary pieces only: no control tokens, byte-fallback pieces or <unk>.
+    std::vector<int32_t> alphabet;
+    for (int32_t t = 1; t < tok.vocab_size(); ++t)
+      if (!tok.is_special(t) && !tok.is_byte(t)) alphabet.push_back(t);
+    const train::CopyLosses p = train::induction_probe(m, alphabet, a.induction, 8, a.seed);
     std::printf(
         "induction probe (%lld random tokens, repeated): loss %.3f on the first copy, "
         "%.3f on the second\n",
-        static_cast<long long>(N), first, second);
-    out["induction"] = {{"tokens", N}, {"first_copy_loss", first}, {"second_copy_loss", second}};
+        static_cast<long long>(a.induction), p.first, p.second);
+    out["induction"] = {
+        {"tokens", a.induction}, {"first_copy_loss", p.first}, {"second_copy_loss", p.second}};
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

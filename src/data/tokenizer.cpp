@@ -125,6 +125,10 @@ bool Tokenizer::is_special(int32_t id) const {
   return id >= 0 && id < vocab_size() && sp_->IsControl(id);
 }
 
+bool Tokenizer::is_byte(int32_t id) const {
+  return id >= 0 && id < vocab_size() && sp_->IsByte(id);
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   std::vector<int> ids;
   auto st = sp_->Encode(text, &ids);

@@ -50,6 +50,7 @@ class Tokenizer {
   // The special tokens (control symbols) as (literal text, id), longest text first.
   const std::vector<std::pair<std::string, int32_t>>& special_tokens() const { return specials_; }
   bool is_special(int32_t id) const;
+  bool is_byte(int32_t id) const;  // a byte-fallback piece <0x00> .. <0xFF>
   int vocab_size() const;
   int bos() const { return 1; }
   int eos() const { return 2; }

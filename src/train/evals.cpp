@@ -14,6 +14,7 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
+#include "data/corpus.h"
 #include "infer/engine.h"
 #include "ops/ops.h"
 
@@ -193,6 +194,32 @@ Completions greedy_completions(const model::Decoder& m, const data::Tokenizer& t
                  " tokens) ended with ", errors[i]);
   c.cache_bytes_peak = engine.stats().cache_bytes_peak;
   return c;
+}
+
+CopyLosses induction_probe(const model::Decoder& m, const std::vector<int32_t>& alphabet, int64_t n,
+                           int64_t rows, uint64_t seed) {
+  MYRIAD_CHECK(!alphabet.empty() && n >= 2 && rows >= 1, "induction_probe: alphabet of ",
+               alphabet.size(), " tokens, n = ", n, ", rows = ", rows);
+  NoGradGuard ng;
+  data::Rng rng(seed);
+  const int64_t T = 2 * n;
+  std::vector<int64_t> ids, first, second;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int64_t> row;
+    for (int64_t i = 0; i < n; ++i) row.push_back(alphabet[rng.below(alphabet.size())]);
+    row.insert(row.end(), row.begin(), row.end());
+    for (int64_t t = 0; t < T; ++t) {
+      ids.push_back(row[t]);
+      // Position t predicts token t + 1: first copy for t + 1 in [1, n), second for (n, 2n).
+      const bool in_first = t + 1 < n, in_second = t + 1 > n && t + 1 < T;
+      first.push_back(in_first ? row[t + 1] : ops::kIgnoreIndex);
+      second.push_back(in_second ? row[t + 1] : ops::kIgnoreIndex);
+    }
+  }
+  const Tensor logits =
+      ops::reshape(m.forward(Tensor::from_ints(ids, {rows, T})).logits_BTV, {rows * T, -1});
+  return {ops::cross_entropy(logits, Tensor::from_ints(first, {rows * T})).item(),
+          ops::cross_entropy(logits, Tensor::from_ints(second, {rows * T})).item()};
 }
 
 bool exact_match(const std::string& output, const std::string& answer) {

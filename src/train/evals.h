@@ -87,6 +87,16 @@ Completions greedy_completions(const model::Decoder& m, const data::Tokenizer& t
                                int max_new, int64_t cache_budget_bytes = 4ll << 30,
                                bool allow_sliding = false);
 
+// Induction probe: `rows` rows of n tokens drawn uniformly from `alphabet`, each followed by the
+// same n tokens again. The mean next-token loss on the first copy (its tokens 2..n) and on the
+// second (its tokens 2..n; its first token cannot be predicted from context). A model that copies
+// from context has a far lower loss on the second copy; one that does not, about the same.
+struct CopyLosses {
+  double first = 0, second = 0;
+};
+CopyLosses induction_probe(const model::Decoder& m, const std::vector<int32_t>& alphabet, int64_t n,
+                           int64_t rows, uint64_t seed);
+
 // Exact match (§6). A numeric answer matches when the first number in the output equals it
 // ("12345" and " 12345." match "12345"; "123456" does not). A non-numeric answer (VT: names
 // separated by spaces) matches when the set of upper-case words before the first '.' or newline

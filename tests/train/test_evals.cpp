@@ -148,6 +148,23 @@ TEST(Evals, EngineGreedyMatchesDecoderGreedy) {
   }
 }
 
+// The induction probe counts the first copy's tokens 2..n and the second copy's tokens 2..n; a
+// random model copies nothing, so both losses are about the same, near ln of the alphabet size.
+TEST(Evals, InductionProbeOnARandomModel) {
+  OneThread one;
+  const auto& m = tiny_model();
+  std::vector<int32_t> alphabet;
+  for (int32_t t = 300; t < 400; ++t) alphabet.push_back(t);
+  const CopyLosses p = induction_probe(m, alphabet, 24, 4, 7);
+  ASSERT_TRUE(std::isfinite(p.first) && std::isfinite(p.second));
+  EXPECT_NEAR(p.first, p.second, 0.3);
+  EXPECT_GT(p.first, 3.0);  // a random model spreads its mass over the whole vocabulary
+  const CopyLosses again = induction_probe(m, alphabet, 24, 4, 7);
+  EXPECT_EQ(again.first, p.first);  // seeded
+  EXPECT_THROW(induction_probe(m, {}, 24, 4, 7), myriad::Error);
+  EXPECT_THROW(induction_probe(m, alphabet, 1, 4, 7), myriad::Error);
+}
+
 TEST(Evals, GridsEndToEnd) {
   OneThread one;
   const auto& m = tiny_model();
