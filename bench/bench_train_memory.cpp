@@ -74,14 +74,10 @@ int main(int argc, char** argv) {
 
     model::Decoder dec = model::Decoder::random(c, 1);
     dec.weights().requires_grad_(true);
-    train::NamedParams params;
-    for (const auto& s : dec.weights().specs())
-      if (s.trainable && train::param_group(s.name, s.shape) != train::ParamGroup::BalancerOwned)
-        params.emplace_back(s.name, dec.weights().get(s.name));
     train::OptimConfig oc;
     oc.matrix_optimizer = adamw ? "adamw" : "muon";
     oc.lr = 1e-3;
-    train::Optimizer opt(std::move(params), oc);
+    train::Optimizer opt(train::Trainer::optimizer_params(dec), oc);
     std::optional<train::Bf16Copy> shadow;
     if (bf16) shadow.emplace(dec);
 

@@ -93,7 +93,7 @@ void add_data_commands(CLI::App& app, DataArgs& a) {
                            "previous stage length (short-document share)");
   a.data_build->add_option("--stage-tokens", b.stage_tokens, "tokens in the stage mix");
   a.data_build->add_option("--synthetic", b.synthetic_fraction, "synthetic retrieval token share")
-      ->check(CLI::Range(0.0, 0.45));
+      ->check(CLI::Range(0.0, data::kMaxSyntheticFraction));
 }
 
 int data_command(const DataArgs& a) {

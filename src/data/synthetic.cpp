@@ -229,8 +229,9 @@ LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& s
   MYRIAD_CHECK(stage_length > 0 && prev_stage_length > 0 && prev_stage_length <= stage_length,
                "mix_long_context: need 0 < prev_stage_length (", prev_stage_length,
                ") <= stage_length (", stage_length, ")");
-  MYRIAD_CHECK(synthetic_fraction >= 0 && synthetic_fraction <= 0.45,
-               "mix_long_context: synthetic_fraction ", synthetic_fraction, " not in [0, 0.45]");
+  MYRIAD_CHECK(synthetic_fraction >= 0 && synthetic_fraction <= kMaxSyntheticFraction,
+               "mix_long_context: synthetic_fraction ", synthetic_fraction, " not in [0, ",
+               kMaxSyntheticFraction, "]");
   const double f = synthetic_fraction;
   const double share[3] = {0.75 - f, 0.25, f};  // long, short, synthetic
   Rng rng(seed);

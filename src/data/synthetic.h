@@ -49,6 +49,9 @@ SyntheticItem variable_tracking(uint64_t seed, int hops, int64_t length_tokens,
 SyntheticItem mqar(uint64_t seed, int N, int64_t length_tokens, const Tokenizer& tokenizer,
                    const Filler& filler, int queries = 1);
 
+// The largest synthetic share of a long mix: text stays the majority of every stage's tokens.
+constexpr double kMaxSyntheticFraction = 0.45;
+
 struct LongContextMix {
   std::vector<std::string> docs;  // training documents for write_token_shards
   int64_t long_tokens = 0, short_tokens = 0, synthetic_tokens = 0;
@@ -56,9 +59,9 @@ struct LongContextMix {
 // Training documents for a curriculum stage of stage_length tokens, about total_tokens in all:
 // (0.75 - synthetic_fraction) of tokens from concatenations of source documents reaching the stage
 // length, 0.25 from single documents of at most prev_stage_length tokens, and synthetic_fraction
-// (in [0, 0.45]; §5.2 asks 0.1-0.3, a small CPU model learns retrieval faster with more) from
-// passkey / MK-NIAH / VT / MQAR items (20 / 10 / 10 / 60%) of random length and depth; MQAR items
-// ask up to 32 of their keys, as many as fit the stage length.
+// (in [0, kMaxSyntheticFraction]; §5.2 asks 0.1-0.3, a small CPU model learns retrieval faster with
+// more) from passkey / MK-NIAH / VT / MQAR items (20 / 10 / 10 / 60%) of random length and depth;
+// MQAR items ask up to 32 of their keys, as many as fit the stage length.
 LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& source,
                                 int64_t stage_length, int64_t prev_stage_length,
                                 int64_t total_tokens, const Tokenizer& tokenizer,

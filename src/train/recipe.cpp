@@ -1,5 +1,7 @@
 #include "train/recipe.h"
 
+#include "data/synthetic.h"
+
 #include <toml++/toml.h>
 #include <cmath>
 #include <fstream>
@@ -270,9 +272,9 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
     g.check_positive("tokens_per_step", static_cast<double>(sp.tokens_per_step));
     g.check_positive("lr_scale", sp.lr_scale);
     one_of(g.key("data_mix"), sp.data_mix, {"base", "long"});
-    MYRIAD_CHECK(sp.synthetic_fraction >= 0 && sp.synthetic_fraction <= 0.45,
-                 g.key("synthetic_fraction"), ": ", sp.synthetic_fraction,
-                 " must be in [0, 0.45] (text stays the majority)");
+    MYRIAD_CHECK(sp.synthetic_fraction >= 0 && sp.synthetic_fraction <= data::kMaxSyntheticFraction,
+                 g.key("synthetic_fraction"), ": ", sp.synthetic_fraction, " must be in [0, ",
+                 data::kMaxSyntheticFraction, "] (text stays the majority)");
     MYRIAD_CHECK(sp.segment_len >= 0, g.key("segment_len"), ": ", sp.segment_len,
                  " must be >= 0 (0: no segments)");
     MYRIAD_CHECK(sp.segment_len == 0 || sp.seq_len % sp.segment_len == 0, g.key("segment_len"),

@@ -24,7 +24,8 @@ struct StageSpec {
   // start into <out>/stage-<name>/ from the corpus plus synthetic retrieval items.
   std::string data_mix = "base";
   // "long" mix only: the share of tokens from synthetic retrieval items (passkey, MK-NIAH, VT,
-  // MQAR), in [0, 0.45] so that text stays the majority. §5.2's default is 0.2.
+  // MQAR), in [0, data::kMaxSyntheticFraction = 0.45] so that text stays the majority. §5.2's
+  // default is 0.2.
   double synthetic_fraction = 0.2;
   // > 0: each [B, T] sequence runs as T / segment_len segments in order, carrying the decode
   // state (KDA state + conv, MLA latents); gradients flow through it unless detach_state

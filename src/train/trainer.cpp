@@ -61,6 +61,14 @@ Tensor to_dtype(const Tensor& x, DType t) {
 }
 }  // namespace
 
+NamedParams Trainer::optimizer_params(const model::Decoder& dec) {
+  NamedParams params;
+  for (const auto& s : dec.weights().specs())
+    if (s.trainable && param_group(s.name, s.shape) != ParamGroup::BalancerOwned)
+      params.emplace_back(s.name, dec.weights().get(s.name));
+  return params;
+}
+
 Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len, bool detach_state,
                               const std::function<Tensor()>& after_forward, bool recompute) {
@@ -162,11 +170,7 @@ struct Trainer::Impl {
     const model::ModelConfig cfg = r.model(tok->vocab_size());
     dec.emplace(model::Decoder::random(cfg, r.seed));
     dec->weights().requires_grad_(true);  // replaces the tensors: collect them afterwards
-    NamedParams params;
-    for (const auto& s : dec->weights().specs())
-      if (s.trainable && param_group(s.name, s.shape) != ParamGroup::BalancerOwned)
-        params.emplace_back(s.name, dec->weights().get(s.name));
-    opt.emplace(std::move(params), r.optimizer);
+    opt.emplace(optimizer_params(*dec), r.optimizer);
     if (r.precision == "bf16") shadow.emplace(*dec);
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
       if (cfg.is_moe_layer(i))

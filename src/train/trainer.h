@@ -88,6 +88,11 @@ class Trainer {
   // recompute: activation recomputation (model::ForwardOptions::recompute).
   // after_forward runs after each segment's forward; a defined tensor it returns (e.g. the
   // auxiliary balancing loss) is added to that segment's loss with the same L / T weight.
+  // The parameters the optimiser updates: every trainable weight except the balancer-owned
+  // selection biases, by checkpoint name. Call after weights().requires_grad_(true), which
+  // replaces the tensors.
+  static NamedParams optimizer_params(const model::Decoder& dec);
+
   static Tensor sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len = 0,
                               bool detach_state = false,

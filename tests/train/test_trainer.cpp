@@ -704,7 +704,20 @@ TEST(Recipe, CurriculumKeysAreValidated) {
   EXPECT_EQ(r.stages[0].segment_len, 16);
   EXPECT_TRUE(r.stages[0].detach_state);
   EXPECT_EQ(r.stages[0].data_mix, "long");
+  EXPECT_DOUBLE_EQ(r.stages[0].synthetic_fraction, 0.2);
+  EXPECT_NE(err(model + stage + "synthetic_fraction = 0.5\n").find("stage[0].synthetic_fraction"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(
+      Recipe::parse(model + stage + "synthetic_fraction = 0.45\n").stages[0].synthetic_fraction,
+      0.45);
   const std::string dir = std::string(MYRIAD_SOURCE_DIR) + "/configs/recipes/";
+  // The long-context experiment's recipes parse, with equal token budgets.
+  for (const char* name : {"progressive", "direct", "short", "kda", "mla"}) {
+    const Recipe lc = Recipe::load(dir + "long-context/" + name + ".toml");
+    int64_t tokens = 0;
+    for (const auto& st : lc.stages) tokens += st.steps * st.tokens_per_step;
+    EXPECT_EQ(tokens, 304 * 16384) << name;
+  }
   const Recipe c = Recipe::load(dir + "tiny-curriculum.toml");
   ASSERT_EQ(c.stages.size(), 4u);
   EXPECT_EQ(c.stages[3].seq_len, 16384);
