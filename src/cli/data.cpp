@@ -31,27 +31,8 @@ int tokenizer_train_command(const std::string& out_model, int vocab, size_t max_
   return 0;
 }
 
-int data_build_command(const DataBuildArgs& a) {
-  const auto tok = data::Tokenizer::load(a.tokenizer_model);
-  auto docs = data::builtin_corpus(a.max_bytes);
-  if (a.stage_length > 0) {
-    const bool have_wordnet = std::filesystem::exists("/usr/share/wordnet/data.noun");
-    const auto filler = have_wordnet ? data::Filler::wordnet(false) : data::Filler::fixed();
-    int64_t total = a.stage_tokens;
-    if (total <= 0)
-      for (const auto& d : docs) total += static_cast<int64_t>(d.size()) / 4;  // ~4 bytes a token
-    auto mix =
-        data::mix_long_context(a.seed, docs, a.stage_length,
-                               a.prev_stage_length > 0 ? a.prev_stage_length : a.stage_length,
-                               total, tok, filler, a.synthetic_fraction);
-    std::printf("stage %lld mix: %lld long, %lld short, %lld synthetic tokens\n",
-                static_cast<long long>(a.stage_length), static_cast<long long>(mix.long_tokens),
-                static_cast<long long>(mix.short_tokens),
-                static_cast<long long>(mix.synthetic_tokens));
-    docs = std::move(mix.docs);
-  }
-  const auto st =
-      data::write_token_shards(docs, tok, a.out_dir, a.shard_tokens, a.heldout_fraction, a.seed);
+namespace {
+int print_stats(const DataBuildArgs& a, const data::ShardStats& st) {
   std::printf(
       "wrote %s: train %lld docs / %lld tokens in %lld shards, heldout %lld docs / %lld "
       "tokens in %lld shards\n",
@@ -60,6 +41,30 @@ int data_build_command(const DataBuildArgs& a) {
       static_cast<long long>(st.heldout_docs), static_cast<long long>(st.heldout_tokens),
       static_cast<long long>(st.heldout_shards));
   return 0;
+}
+}  // namespace
+
+int data_build_command(const DataBuildArgs& a) {
+  const auto tok = data::Tokenizer::load(a.tokenizer_model);
+  const auto docs = data::builtin_corpus(a.max_bytes);
+  if (a.stage_length <= 0)
+    return print_stats(a, data::write_token_shards(docs, tok, a.out_dir, a.shard_tokens,
+                                                   a.heldout_fraction, a.seed));
+  const bool have_wordnet = std::filesystem::exists("/usr/share/wordnet/data.noun");
+  const auto filler = have_wordnet ? data::Filler::wordnet(false) : data::Filler::fixed();
+  int64_t total = a.stage_tokens;
+  if (total <= 0)
+    for (const auto& d : docs) total += static_cast<int64_t>(d.size()) / 4;  // ~4 bytes a token
+  const auto mix = data::mix_long_context(
+      a.seed, docs, a.stage_length, a.prev_stage_length > 0 ? a.prev_stage_length : a.stage_length,
+      total, tok, filler, a.synthetic_fraction, a.answer_weight);
+  std::printf("stage %lld mix: %lld long, %lld short, %lld synthetic tokens\n",
+              static_cast<long long>(a.stage_length), static_cast<long long>(mix.long_tokens),
+              static_cast<long long>(mix.short_tokens),
+              static_cast<long long>(mix.synthetic_tokens));
+  return print_stats(
+      a, data::write_token_shards(mix.docs, tok.vocab_size(), tok.eos(), a.out_dir, a.shard_tokens,
+                                  a.heldout_fraction, a.seed, &mix.weights));
 }
 
 bool DataArgs::selected() const {
@@ -94,6 +99,10 @@ void add_data_commands(CLI::App& app, DataArgs& a) {
   a.data_build->add_option("--stage-tokens", b.stage_tokens, "tokens in the stage mix");
   a.data_build->add_option("--synthetic", b.synthetic_fraction, "synthetic retrieval token share")
       ->check(CLI::Range(0.0, data::kMaxSyntheticFraction));
+  a.data_build
+      ->add_option("--answer-weight", b.answer_weight,
+                   "loss weight of retrieval answers (weighted shards when > 1)")
+      ->check(CLI::Range(1, 255));
 }
 
 int data_command(const DataArgs& a) {

@@ -23,6 +23,7 @@ struct DataBuildArgs {
   // A long-context stage mix (§5.2) instead of plain documents when stage_length > 0.
   int64_t stage_length = 0, prev_stage_length = 0, stage_tokens = 0;
   double synthetic_fraction = 0.2;
+  int answer_weight = 1;
 };
 // Tokenises the corpus (or a stage mix of it) into train/heldout shards under out_dir.
 int data_build_command(const DataBuildArgs& args);

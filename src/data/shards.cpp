@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -24,7 +25,8 @@ struct Header {
   uint32_t version, header_bytes;
   uint64_t n_tokens, n_docs, checksum;
   uint32_t vocab_size, eos;
-  uint8_t reserved[16];
+  uint8_t weighted;  // 1: a u8 loss weight per token follows the document starts
+  uint8_t reserved[15];
 };
 static_assert(sizeof(Header) == 64);
 
@@ -36,14 +38,30 @@ uint64_t fnv(const void* p, size_t bytes, uint64_t h = 0xcbf29ce484222325ull) {
 
 class ShardWriter {
  public:
-  ShardWriter(std::string dir, std::string split, int vocab, int eos, int64_t limit)
-      : dir_(std::move(dir)), split_(std::move(split)), vocab_(vocab), eos_(eos), limit_(limit) {}
-  void add(const std::vector<int32_t>& doc) {
+  ShardWriter(std::string dir, std::string split, int vocab, int eos, int64_t limit, bool weighted)
+      : dir_(std::move(dir)),
+        split_(std::move(split)),
+        vocab_(vocab),
+        eos_(eos),
+        limit_(limit),
+        weighted_(weighted) {}
+  // weights: one per token of doc, or empty (all 1); the eos after the document weighs 1.
+  void add(const std::vector<int32_t>& doc, const std::vector<uint8_t>& weights) {
     const int64_t n = static_cast<int64_t>(doc.size()) + 1;
     if (!tokens_.empty() && static_cast<int64_t>(tokens_.size()) + n > limit_) flush();
     starts_.push_back(tokens_.size());
     tokens_.insert(tokens_.end(), doc.begin(), doc.end());
     tokens_.push_back(eos_);
+    if (weighted_) {
+      MYRIAD_CHECK(weights.empty() || weights.size() == doc.size(),
+                   "write_token_shards: ", weights.size(), " loss weights for a document of ",
+                   doc.size(), " tokens");
+      if (weights.empty())
+        weights_.insert(weights_.end(), doc.size(), 1);
+      else
+        weights_.insert(weights_.end(), weights.begin(), weights.end());
+      weights_.push_back(1);
+    }
     ++docs_;
     total_ += n;
   }
@@ -58,6 +76,8 @@ class ShardWriter {
     h.n_tokens = tokens_.size();
     h.n_docs = starts_.size();
     h.checksum = fnv(starts_.data(), starts_.size() * 8, fnv(tokens_.data(), tokens_.size() * 4));
+    if (weighted_) h.checksum = fnv(weights_.data(), weights_.size(), h.checksum);
+    h.weighted = weighted_ ? 1 : 0;
     h.vocab_size = static_cast<uint32_t>(vocab_);
     h.eos = static_cast<uint32_t>(eos_);
     const std::string path = dir_ + "/" + name;
@@ -68,10 +88,13 @@ class ShardWriter {
             static_cast<std::streamsize>(tokens_.size() * 4));
     f.write(reinterpret_cast<const char*>(starts_.data()),
             static_cast<std::streamsize>(starts_.size() * 8));
+    f.write(reinterpret_cast<const char*>(weights_.data()),
+            static_cast<std::streamsize>(weights_.size()));
     MYRIAD_CHECK(f.good(), "write_token_shards: write to ", path, " failed");
     files_.push_back(name);
     tokens_.clear();
     starts_.clear();
+    weights_.clear();
   }
   std::vector<std::string> files_;
   int64_t docs_ = 0, total_ = 0;
@@ -80,13 +103,19 @@ class ShardWriter {
   std::string dir_, split_;
   int vocab_, eos_;
   int64_t limit_;
+  bool weighted_;
   std::vector<int32_t> tokens_;
   std::vector<uint64_t> starts_;
+  std::vector<uint8_t> weights_;
 };
 
 template <class GetDoc>
 ShardStats write_shards(size_t n, GetDoc get, int vocab, int eos, const std::string& out_dir,
-                        int64_t shard_tokens, double heldout_fraction, uint64_t seed) {
+                        int64_t shard_tokens, double heldout_fraction, uint64_t seed,
+                        const std::vector<std::vector<uint8_t>>* weights = nullptr) {
+  MYRIAD_CHECK(!weights || weights->size() == n,
+               "write_token_shards: ", weights ? weights->size() : 0, " weight lists for ", n,
+               " documents");
   MYRIAD_CHECK(shard_tokens > 0, "write_token_shards: shard_tokens must be positive");
   MYRIAD_CHECK(heldout_fraction >= 0 && heldout_fraction < 1,
                "write_token_shards: heldout_fraction ", heldout_fraction, " not in [0, 1)");
@@ -99,9 +128,14 @@ ShardStats write_shards(size_t n, GetDoc get, int vocab, int eos, const std::str
   std::vector<bool> heldout(n, false);
   const auto n_held = static_cast<size_t>(std::llround(heldout_fraction * static_cast<double>(n)));
   for (size_t i = 0; i < n_held; ++i) heldout[perm[i]] = true;
-  ShardWriter train(out_dir, "train", vocab, eos, shard_tokens);
-  ShardWriter held(out_dir, "heldout", vocab, eos, shard_tokens);
-  for (size_t i = 0; i < n; ++i) (heldout[i] ? held : train).add(get(i));
+  // Weighted shards only when some document carries weights.
+  const bool weighted = weights && std::any_of(weights->begin(), weights->end(),
+                                               [](const auto& w) { return !w.empty(); });
+  ShardWriter train(out_dir, "train", vocab, eos, shard_tokens, weighted);
+  ShardWriter held(out_dir, "heldout", vocab, eos, shard_tokens, weighted);
+  const std::vector<uint8_t> none;
+  for (size_t i = 0; i < n; ++i)
+    (heldout[i] ? held : train).add(get(i), weighted ? (*weights)[i] : none);
   train.flush();
   held.flush();
   nlohmann::json meta = {{"format", "myriad-token-shards"},
@@ -139,6 +173,7 @@ struct MappedShard {
     return v;
   }
   uint64_t n_tokens = 0, n_docs = 0;
+  const uint8_t* weights = nullptr;  // per-token loss weights, or null (all 1)
 
   MappedShard(std::string p, int vocab, int eos) : path(std::move(p)) {
     int fd = ::open(path.c_str(), O_RDONLY);
@@ -155,17 +190,19 @@ struct MappedShard {
     std::memcpy(&h, base, sizeof h);
     MYRIAD_CHECK(std::memcmp(h.magic, kMagic, 8) == 0, "TokenStream: ", path,
                  " is not a Myriad token shard (bad magic)");
-    MYRIAD_CHECK(h.version == kVersion && h.header_bytes == sizeof(Header), "TokenStream: ", path,
-                 " has unsupported version ", h.version);
+    MYRIAD_CHECK(h.version == kVersion && h.header_bytes == sizeof(Header) && h.weighted <= 1,
+                 "TokenStream: ", path, " has unsupported version ", h.version);
     n_tokens = h.n_tokens;
     n_docs = h.n_docs;
-    const size_t want = sizeof(Header) + n_tokens * 4 + n_docs * 8;
+    const size_t want = sizeof(Header) + n_tokens * 4 + n_docs * 8 + (h.weighted ? n_tokens : 0);
     MYRIAD_CHECK(n_tokens < (1ull << 40) && n_docs <= n_tokens && bytes == want,
                  "TokenStream: ", path, " is truncated or corrupt: ", bytes, " bytes, header says ",
                  want);
     tokens = reinterpret_cast<const int32_t*>(static_cast<const char*>(base) + sizeof(Header));
     starts_raw = reinterpret_cast<const char*>(tokens + n_tokens);
-    const uint64_t sum = fnv(starts_raw, n_docs * 8, fnv(tokens, n_tokens * 4));
+    if (h.weighted) weights = reinterpret_cast<const uint8_t*>(starts_raw + n_docs * 8);
+    uint64_t sum = fnv(starts_raw, n_docs * 8, fnv(tokens, n_tokens * 4));
+    if (weights) sum = fnv(weights, n_tokens, sum);
     MYRIAD_CHECK(sum == h.checksum, "TokenStream: ", path, " is corrupt (checksum mismatch)");
     MYRIAD_CHECK(static_cast<int>(h.vocab_size) == vocab && static_cast<int>(h.eos) == eos,
                  "TokenStream: ", path, " disagrees with meta.json on vocab/eos");
@@ -192,10 +229,11 @@ ShardStats write_token_shards(const std::vector<std::string>& docs, const Tokeni
 
 ShardStats write_token_shards(const std::vector<std::vector<int32_t>>& docs, int vocab_size,
                               int eos, const std::string& out_dir, int64_t shard_tokens,
-                              double heldout_fraction, uint64_t seed) {
+                              double heldout_fraction, uint64_t seed,
+                              const std::vector<std::vector<uint8_t>>* weights) {
   return write_shards(
       docs.size(), [&](size_t i) -> const std::vector<int32_t>& { return docs[i]; }, vocab_size,
-      eos, out_dir, shard_tokens, heldout_fraction, seed);
+      eos, out_dir, shard_tokens, heldout_fraction, seed, weights);
 }
 
 std::string TokenStream::State::to_json() const {
@@ -224,13 +262,15 @@ struct TokenStream::Impl {
   std::vector<std::unique_ptr<MappedShard>> shards;
   struct Doc {
     const int32_t* tokens;
-    int64_t len;  // including the trailing eos
+    const uint8_t* weights;  // null: every token weighs 1
+    int64_t len;             // including the trailing eos
   };
   std::vector<Doc> docs;
   std::vector<uint32_t> order;  // this epoch's document order
   State st;
   int vocab = 0, eos = 0;
   int64_t total = 0;
+  bool weighted = false;  // some shard carries loss weights
 
   void make_order() {
     order.resize(docs.size());
@@ -276,7 +316,10 @@ TokenStream::TokenStream(const std::string& dir, const std::string& split, uint6
   for (const auto& s : impl_->shards)
     for (uint64_t d = 0; d < s->n_docs; ++d) {
       const uint64_t end = d + 1 < s->n_docs ? s->start(d + 1) : s->n_tokens;
-      impl_->docs.push_back({s->tokens + s->start(d), static_cast<int64_t>(end - s->start(d))});
+      impl_->docs.push_back({s->tokens + s->start(d),
+                             s->weights ? s->weights + s->start(d) : nullptr,
+                             static_cast<int64_t>(end - s->start(d))});
+      impl_->weighted = impl_->weighted || s->weights;
       impl_->total += impl_->docs.back().len;
     }
   MYRIAD_CHECK(!impl_->docs.empty(), "TokenStream: split '", split, "' in ", dir, " is empty");
@@ -291,6 +334,11 @@ Batch TokenStream::next(int64_t B, int64_t T, bool align) {
   MYRIAD_CHECK(B > 0 && T > 0, "TokenStream::next: B and T must be positive, got B=", B, " T=", T);
   auto& m = *impl_;
   std::vector<int64_t> in(static_cast<size_t>(B * T)), lab(static_cast<size_t>(B * T));
+  std::vector<double> wt(m.weighted ? static_cast<size_t>(B * T) : 0);
+  auto weight_here = [&] {  // the loss weight of the token under the cursor
+    const Impl::Doc& d = m.docs[m.order[m.st.doc]];
+    return d.weights ? static_cast<double>(d.weights[m.st.offset]) : 1.0;
+  };
   Batch out;
   out.doc_starts.resize(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) {
@@ -300,12 +348,15 @@ Batch TokenStream::next(int64_t B, int64_t T, bool align) {
       if (m.st.offset == 0) out.doc_starts[b].push_back(t);
       in[b * T + t] = m.docs[m.order[m.st.doc]].tokens[m.st.offset];
       if (t > 0) lab[b * T + t - 1] = in[b * T + t];
+      if (t > 0 && m.weighted) wt[b * T + t - 1] = weight_here();
       m.advance(1);
     }
     lab[b * T + T - 1] = m.docs[m.order[m.st.doc]].tokens[m.st.offset];
+    if (m.weighted) wt[b * T + T - 1] = weight_here();
   }
   out.input_ids = Tensor::from_ints(in, {B, T});
   out.labels = Tensor::from_ints(lab, {B, T});
+  if (m.weighted) out.loss_weights = Tensor::from_doubles(wt, {B, T});
   return out;
 }
 

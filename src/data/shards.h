@@ -2,9 +2,11 @@
 //
 // Shard file (little-endian): a 64-byte header {magic "MYRSHARD", u32 version, u32 header bytes,
 // u64 n_tokens, u64 n_docs, u64 checksum, u32 vocab_size, u32 eos, 16 reserved bytes}, then
-// n_tokens i32 tokens (every document followed by eos), then n_docs u64 document start offsets.
-// The checksum is a 64-bit FNV-1a over the token and start words. out_dir/meta.json lists the
-// shards of the "train" and "heldout" splits.
+// n_tokens i32 tokens (every document followed by eos), then n_docs u64 document start offsets,
+// then, when the header's first reserved byte ("weighted") is 1, n_tokens u8 loss weights (the
+// weight of predicting that token: 0 leaves it out of the loss, k > 1 counts it k times). The
+// checksum is a 64-bit FNV-1a over the token and start words, then the weights. out_dir/meta.json
+// lists the shards of the "train" and "heldout" splits.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,13 +28,16 @@ struct ShardStats {
 ShardStats write_token_shards(const std::vector<std::string>& docs, const Tokenizer& tokenizer,
                               const std::string& out_dir, int64_t shard_tokens,
                               double heldout_fraction, uint64_t seed);
-// The same from already-tokenised documents (without their eos).
+// The same from already-tokenised documents (without their eos), with per-token loss weights when
+// `weights` is given (one list per document, each as long as its document or empty for all 1).
 ShardStats write_token_shards(const std::vector<std::vector<int32_t>>& docs, int vocab_size,
                               int eos, const std::string& out_dir, int64_t shard_tokens,
-                              double heldout_fraction, uint64_t seed);
+                              double heldout_fraction, uint64_t seed,
+                              const std::vector<std::vector<uint8_t>>* weights = nullptr);
 
 struct Batch {
-  Tensor input_ids, labels;                      // i64 [B, T]; labels are the inputs shifted by one
+  Tensor input_ids, labels;  // i64 [B, T]; labels are the inputs shifted by one
+  Tensor loss_weights;       // f32 [B, T], each label's loss weight; undefined: unweighted shards
   std::vector<std::vector<int64_t>> doc_starts;  // per row: positions where a document begins
 };
 

@@ -214,8 +214,7 @@ SyntheticItem mqar(uint64_t seed, int N, int64_t length_tokens, const Tokenizer&
   for (size_t i : order) {
     if (more == 0) break;
     if (i == q) continue;
-    item.followup +=
-        (item.followup.empty() ? "" : " ") + ("Key " + keys[i] + " maps to " + values[i] + ".");
+    item.followup.emplace_back("Key " + keys[i] + " maps to", values[i]);
     --more;
   }
   return item;
@@ -224,7 +223,8 @@ SyntheticItem mqar(uint64_t seed, int N, int64_t length_tokens, const Tokenizer&
 LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& source,
                                 int64_t stage_length, int64_t prev_stage_length,
                                 int64_t total_tokens, const Tokenizer& tokenizer,
-                                const Filler& filler, double synthetic_fraction) {
+                                const Filler& filler, double synthetic_fraction,
+                                int answer_weight) {
   MYRIAD_CHECK(!source.empty(), "mix_long_context: no source documents");
   MYRIAD_CHECK(stage_length > 0 && prev_stage_length > 0 && prev_stage_length <= stage_length,
                "mix_long_context: need 0 < prev_stage_length (", prev_stage_length,
@@ -232,6 +232,8 @@ LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& s
   MYRIAD_CHECK(synthetic_fraction >= 0 && synthetic_fraction <= kMaxSyntheticFraction,
                "mix_long_context: synthetic_fraction ", synthetic_fraction, " not in [0, ",
                kMaxSyntheticFraction, "]");
+  MYRIAD_CHECK(answer_weight >= 1 && answer_weight <= 255, "mix_long_context: answer_weight ",
+               answer_weight, " not in [1, 255]");
   const double f = synthetic_fraction;
   const double share[3] = {0.75 - f, 0.25, f};  // long, short, synthetic
   Rng rng(seed);
@@ -255,11 +257,11 @@ LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& s
         toks.insert(toks.end(), t.begin(), t.end());
       }
       clip(toks, stage_length);
-      out.docs.push_back(tokenizer.decode(toks));
+      out.weights.emplace_back();
     } else if (cat == 1) {  // the previous stages' short documents
       toks = tokenizer.encode(source[rng.below(source.size())]);
       clip(toks, prev_stage_length);
-      out.docs.push_back(tokenizer.decode(toks));
+      out.weights.emplace_back();
     } else {  // retrieval items; seeds with the top bit set stay disjoint from evaluation's
       const uint64_t s = rng.next() | (1ull << 63);
       const int64_t len =
@@ -288,15 +290,37 @@ LongContextMix mix_long_context(uint64_t seed, const std::vector<std::string>& s
       MYRIAD_CHECK(static_cast<int64_t>(item.tokens.size()) <= stage_length,
                    "mix_long_context: stage_length ", stage_length,
                    " is too short for a passkey item (", item.tokens.size(), " tokens)");
-      std::string doc = item.prompt + " " + item.answer + ".";
-      toks = tokenizer.encode(doc + (item.followup.empty() ? "" : " " + item.followup));
+      // The prompt, then each answer (weighted) and the follow-up questions with theirs; the last
+      // follow-ups go while the item is longer than the stage.
+      std::vector<uint8_t> w;
+      auto render = [&] {
+        toks = tokenizer.encode(item.prompt);
+        w.assign(toks.size(), 1);
+        auto answer = [&](const std::string& a) {  // "{a}." with the weight on a's tokens
+          const auto t = tokenizer.encode(a + ".");
+          const size_t n = std::min(tokenizer.encode(a).size(), t.size());
+          toks.insert(toks.end(), t.begin(), t.end());
+          w.insert(w.end(), n, static_cast<uint8_t>(answer_weight));
+          w.insert(w.end(), t.size() - n, 1);
+        };
+        answer(item.answer);
+        for (const auto& [question, a] : item.followup) {
+          const auto t = tokenizer.encode(question);
+          toks.insert(toks.end(), t.begin(), t.end());
+          w.insert(w.end(), t.size(), 1);
+          answer(a);
+        }
+      };
+      render();
       while (static_cast<int64_t>(toks.size()) > stage_length && !item.followup.empty()) {
-        const size_t cut = item.followup.rfind(" Key ");  // drop the last query
-        item.followup.resize(cut == std::string::npos ? 0 : cut);
-        toks = tokenizer.encode(doc + (item.followup.empty() ? "" : " " + item.followup));
+        item.followup.pop_back();
+        render();
       }
-      out.docs.push_back(doc + (item.followup.empty() ? "" : " " + item.followup));
+      clip(toks, stage_length);
+      w.resize(toks.size());
+      out.weights.push_back(answer_weight > 1 ? std::move(w) : std::vector<uint8_t>{});
     }
+    out.docs.push_back(toks);
     *made[cat] += static_cast<int64_t>(toks.size());
     total += static_cast<int64_t>(toks.size());
   }

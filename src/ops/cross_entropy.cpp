@@ -12,6 +12,7 @@
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/reduce.h"
+#include "ops/shape.h"
 
 namespace myriad::ops {
 
@@ -27,19 +28,29 @@ DType compute_dtype(DType t) {
   return t == DType::F64 ? DType::F64 : DType::F32;
 }
 
-// Checks targets [n] against V and returns how many rows count (target != kIgnoreIndex).
-int64_t check_targets(const char* op, const Tensor& targets, int64_t n, int64_t v) {
+// Checks targets [n] against V (and weights [n], when given) and returns the mean's denominator:
+// how many rows count (target != kIgnoreIndex), or the sum of their weights.
+double check_targets(const char* op, const Tensor& targets, int64_t n, int64_t v,
+                     const Tensor& weights = Tensor()) {
   MYRIAD_CHECK(targets.dtype() == DType::I64 || targets.dtype() == DType::I32, op,
                ": targets must be i32 or i64, got ", targets.desc());
   MYRIAD_CHECK(targets.dim() == 1 && targets.shape()[0] == n, op, ": targets must be [", n,
                "], got ", targets.desc());
-  int64_t count = 0;
+  std::vector<double> w;
+  if (weights.defined()) {
+    MYRIAD_CHECK(weights.dim() == 1 && weights.shape()[0] == n && is_floating(weights.dtype()), op,
+                 ": weights must be a floating [", n, "] tensor, got ", weights.desc());
+    w = weights.to_doubles();
+  }
+  double count = 0;
   std::vector<int64_t> t = targets.to_ints();  // N values; a host copy for device tensors
   for (int64_t i = 0; i < n; ++i) {
     if (t[i] == kIgnoreIndex) continue;
     MYRIAD_CHECK(t[i] >= 0 && t[i] < v, op, ": target ", t[i], " at row ", i,
                  " is out of range for V = ", v, " (use ", kIgnoreIndex, " to skip a row)");
-    ++count;
+    MYRIAD_CHECK(w.empty() || (std::isfinite(w[i]) && w[i] >= 0), op, ": weight ",
+                 w.empty() ? 0.0 : w[i], " at row ", i, " is not a finite non-negative number");
+    count += w.empty() ? 1.0 : w[i];
   }
   return count;
 }
@@ -51,16 +62,21 @@ Tensor rows(const Tensor& t, int64_t r0, int64_t m) {
   return t.view_as_strided({m, cols}, {cols, 1}, t.offset() + r0 * cols);
 }
 
+// 1 / the mean's denominator (1 when nothing counts: the loss and its gradient are then 0).
+double inverse(double count) {
+  return count > 0 ? 1.0 / count : 1.0;
+}
+
 // The mean over counted rows of per-row losses (a 0-d tensor of loss_rows' dtype).
-Tensor mean_loss(const Tensor& loss_rows, int64_t count) {
+Tensor mean_loss(const Tensor& loss_rows, double count) {
   NoGradGuard no_grad;
   if (loss_rows.numel() == 0) return Tensor::zeros({}, loss_rows.dtype(), loss_rows.device());
-  return mul(sum(loss_rows), 1.0 / static_cast<double>(std::max<int64_t>(count, 1)));
+  return mul(sum(loss_rows), inverse(count));
 }
 
 // g_loss / count as a 0-d tensor of dtype ct.
-Tensor grad_scale(const Tensor& g, int64_t count, DType ct) {
-  return mul(g.to(ct), 1.0 / static_cast<double>(std::max<int64_t>(count, 1)));
+Tensor grad_scale(const Tensor& g, double count, DType ct) {
+  return mul(g.to(ct), inverse(count));
 }
 // t * s computed in s's dtype, returned in dtype dt.
 Tensor scaled(const Tensor& t, const Tensor& s, DType dt) {
@@ -76,7 +92,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   check_dim(name, logits, 2);
   const int64_t n = logits.shape()[0], v = logits.shape()[1];
   MYRIAD_CHECK(v >= 1, name, ": logits need at least one class, got ", logits.desc());
-  const int64_t count = check_targets(name, targets, n, v);
+  const double count = check_targets(name, targets, n, v);
   const DType ct = compute_dtype(logits.dtype());
   const bool grad = needs_grad({&logits});
   // The kernel overwrites its logits with the gradient: work on a private copy then.
@@ -96,7 +112,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
 }
 
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
-                            int64_t chunk_rows) {
+                            int64_t chunk_rows, const Tensor& weights) {
   const char* name = "linear_cross_entropy";
   Device dev = check_inputs(name, {&h, &w, &targets});
   check_floating(name, h);
@@ -108,11 +124,12 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
   MYRIAD_CHECK(chunk_rows >= 1, name, ": chunk_rows must be positive, got ", chunk_rows);
   const int64_t n = h.shape()[0], d = h.shape()[1], v = w.shape()[0];
   MYRIAD_CHECK(v >= 1, name, ": w needs at least one class, got ", w.desc());
-  const int64_t count = check_targets(name, targets, n, v);
+  const double count = check_targets(name, targets, n, v, weights);
   const DType dt = h.dtype(), ct = compute_dtype(dt);
   const bool low = dt != ct;  // bf16/f16 inputs: GEMMs in dt, softmax and dw in f32
   const bool gh = needs_grad({&h}), gw = needs_grad({&w});
   Tensor hc = h.contiguous(), wc = w.contiguous(), tg = targets.contiguous();
+  const Tensor wt = weights.defined() ? weights.detach().to(ct).to(dev).contiguous() : Tensor();
   Tensor loss_rows = Tensor::empty({n}, ct, dev);
   Tensor dh = gh ? Tensor::empty({n, d}, dt, dev) : Tensor();
   // dw is accumulated over chunks in f32; the first chunk's GEMM (beta 0) initialises it.
@@ -140,6 +157,12 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
     if (low) lg.copy_(rows(logits_low, 0, m));
     Tensor lm = rows(loss_rows, r0, m);
     cross_entropy_rows_kernels().get(dev, ct)(lg, rows(tg, r0, m), lm, gh || gw);
+    if (wt.defined()) {  // weighted rows: scale each row's loss and logit gradient by its weight
+      NoGradGuard no_grad;
+      const Tensor wm = rows(wt, r0, m);
+      lm.copy_(mul(lm, wm));
+      if (gh || gw) lg.copy_(mul(lg, reshape(wm, {m, 1})));
+    }
     if (gh) {  // dh_chunk = dlogits . w
       Tensor dl = lg;
       if (low) {

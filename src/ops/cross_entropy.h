@@ -17,9 +17,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 // cross_entropy(linear(h, w), targets), in f32, with dh and dw computed chunk by chunk during
 // the forward (when gradients are needed) and scaled in the backward. For bf16 h and w the logits
 // are bf16 GEMM outputs (f32 accumulation), softmax and dw accumulate in f32, and the returned
-// gradients are bf16.
+// gradients are bf16. weights [N] (optional, finite and >= 0; not differentiated): the loss is
+// then the weighted mean sum_r w_r loss_r / sum_r w_r over counted rows.
 Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targets,
-                            int64_t chunk_rows = 1024);
+                            int64_t chunk_rows = 1024, const Tensor& weights = Tensor());
 
 // ---- kernel: per-row loss and, in place, dlogits = softmax - onehot for one chunk ----
 // logits [n, V] (f32; f64 on the reference path) contiguous, is overwritten with

@@ -263,6 +263,7 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
     g.get("lr_scale", sp.lr_scale);
     g.get("data_mix", sp.data_mix);
     g.get("synthetic_fraction", sp.synthetic_fraction);
+    g.get("answer_weight", sp.answer_weight);
     g.get("segment_len", sp.segment_len);
     g.get("detach_state", sp.detach_state);
     g.get("recompute", sp.recompute);
@@ -275,6 +276,8 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
     MYRIAD_CHECK(sp.synthetic_fraction >= 0 && sp.synthetic_fraction <= data::kMaxSyntheticFraction,
                  g.key("synthetic_fraction"), ": ", sp.synthetic_fraction, " must be in [0, ",
                  data::kMaxSyntheticFraction, "] (text stays the majority)");
+    MYRIAD_CHECK(sp.answer_weight >= 1 && sp.answer_weight <= 255, g.key("answer_weight"), ": ",
+                 sp.answer_weight, " must be in [1, 255]");
     MYRIAD_CHECK(sp.segment_len >= 0, g.key("segment_len"), ": ", sp.segment_len,
                  " must be >= 0 (0: no segments)");
     MYRIAD_CHECK(sp.segment_len == 0 || sp.seq_len % sp.segment_len == 0, g.key("segment_len"),

@@ -71,10 +71,22 @@ NamedParams Trainer::optimizer_params(const model::Decoder& dec) {
 
 Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len, bool detach_state,
-                              const std::function<Tensor()>& after_forward, bool recompute) {
+                              const std::function<Tensor()>& after_forward, bool recompute,
+                              const Tensor& weights_BT) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), d = dec.config().hidden_size;
   const int64_t L = segment_len > 0 && segment_len < T ? segment_len : T;
   MYRIAD_CHECK(T % L == 0, "trainer: segment_len ", L, " does not divide the sequence length ", T);
+  // Weighted rows: segment s's weighted mean counts by its share of the counted weight.
+  std::vector<double> share;
+  if (weights_BT.defined() && L < T) {
+    const std::vector<double> w = weights_BT.to_doubles();
+    const std::vector<int64_t> y = labels_BT.to_ints();
+    share.assign(static_cast<size_t>(T / L), 0.0);
+    double all = 0;
+    for (int64_t i = 0; i < B * T; ++i)
+      if (y[i] != ops::kIgnoreIndex) share[(i % T) / L] += w[i], all += w[i];
+    for (double& x : share) x = all > 0 ? x / all : 0.0;
+  }
   const Tensor& head = dec.weights().get(
       dec.weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
   std::optional<model::DecodeCache> cache;
@@ -83,15 +95,22 @@ Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
   for (int64_t s = 0; s < T; s += L) {
     const Tensor x = L < T ? ops::contiguous(ops::slice(ids_BT, 1, s, s + L)) : ids_BT;
     const Tensor y = L < T ? ops::contiguous(ops::slice(labels_BT, 1, s, s + L)) : labels_BT;
+    const Tensor wy = !weights_BT.defined() ? Tensor()
+                      : L < T               ? ops::contiguous(ops::slice(weights_BT, 1, s, s + L))
+                                            : weights_BT;
     model::ForwardOutput f =
         dec.forward(x, cache ? &*cache : nullptr, {.logits = false, .recompute = recompute});
     const Tensor extra = after_forward ? after_forward() : Tensor();
     Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * L, d}), head,
-                                            ops::reshape(y, {B * L}));
+                                            ops::reshape(y, {B * L}), 1024,
+                                            wy.defined() ? ops::reshape(wy, {B * L}) : Tensor());
     if (f.admission_loss.defined()) loss = ops::add(loss, f.admission_loss);
     if (extra.defined()) loss = ops::add(loss, to_dtype(extra, loss.dtype()));
     // Every segment holds B * L scored tokens: weighting by L / T gives the one-pass mean.
-    if (L < T) loss = ops::mul(loss, static_cast<double>(L) / static_cast<double>(T));
+    // With weights, by the segment's share of the counted weight instead.
+    if (L < T)
+      loss = ops::mul(loss, share.empty() ? static_cast<double>(L) / static_cast<double>(T)
+                                          : share[static_cast<size_t>(s / L)]);
     total = total.defined() ? ops::add(total, loss) : loss;
     if (detach_state && cache) detach_cache(*cache);
   }
@@ -197,9 +216,11 @@ struct Trainer::Impl {
     const int64_t total = std::max(sp.steps * sp.tokens_per_step, 8 * sp.seq_len) * 5 / 4;
     const data::Filler filler =
         r.corpus == "builtin" ? data::Filler::wordnet(false) : data::Filler::fixed();
-    const data::LongContextMix mix = data::mix_long_context(
-        r.seed + i, corpus(), sp.seq_len, prev, total, *tok, filler, sp.synthetic_fraction);
-    data::write_token_shards(mix.docs, *tok, dir, r.shard_tokens, r.heldout_fraction, r.seed + i);
+    const data::LongContextMix mix =
+        data::mix_long_context(r.seed + i, corpus(), sp.seq_len, prev, total, *tok, filler,
+                               sp.synthetic_fraction, static_cast<int>(sp.answer_weight));
+    data::write_token_shards(mix.docs, tok->vocab_size(), tok->eos(), dir, r.shard_tokens,
+                             r.heldout_fraction, r.seed + i, &mix.weights);
     if (!quiet)
       std::printf(
           "stage %s: long-context mix in %s (%lld long, %lld short, %lld synthetic tokens)\n",
@@ -382,7 +403,7 @@ struct Trainer::Impl {
               aux_mb += aux.item() * static_cast<double>(L) / static_cast<double>(sp.seq_len);
             return aux;
           },
-          sp.recompute);
+          sp.recompute, b.loss_weights);
       Tensor scaled = ops::mul(loss, 1.0 / static_cast<double>(n_micro));
       if (poison && mb == 0) scaled = ops::mul(scaled, std::numeric_limits<double>::quiet_NaN());
       scaled.backward();

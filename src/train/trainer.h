@@ -85,7 +85,8 @@ class Trainer {
 
   // Mean next-token loss of one micro-batch (ids, labels [B, T]) as the trainer computes it:
   // one pass, or segment_len segments carrying the decode state (detach_state: truncated BPTT).
-  // recompute: activation recomputation (model::ForwardOptions::recompute).
+  // recompute: activation recomputation (model::ForwardOptions::recompute). weights_BT (f32
+  // [B, T], optional): per-label loss weights, the loss then being their weighted mean.
   // after_forward runs after each segment's forward; a defined tensor it returns (e.g. the
   // auxiliary balancing loss) is added to that segment's loss with the same L / T weight.
   // The parameters the optimiser updates: every trainable weight except the balancer-owned
@@ -97,7 +98,7 @@ class Trainer {
                               const Tensor& labels_BT, int64_t segment_len = 0,
                               bool detach_state = false,
                               const std::function<Tensor()>& after_forward = {},
-                              bool recompute = false);
+                              bool recompute = false, const Tensor& weights_BT = Tensor());
 
  private:
   struct Impl;

@@ -129,6 +129,58 @@ TEST(Shards, AlignedRowsStartAtDocuments) {
   EXPECT_EQ(whole, 30);
 }
 
+// Per-token loss weights travel with their tokens: each label's weight is its token's, the eos
+// after a document weighs 1, documents without weights weigh 1, and a flipped weight byte is a
+// checksum error. Shards written without weights give batches without them.
+TEST(Shards, LossWeightsFollowTheirTokens) {
+  const auto dir = dtest::scratch_dir("weights");
+  const auto docs = make_docs(80);
+  std::vector<std::vector<uint8_t>> weights(docs.size());
+  for (size_t i = 0; i < docs.size(); ++i)
+    if (i % 3 != 0)  // every third document unweighted
+      for (int32_t t : docs[i]) weights[i].push_back(static_cast<uint8_t>(t % 7));
+  write_token_shards(docs, kVocab, kEos, dir, 300, 0.0, 3, &weights);
+  TokenStream s(dir, "train", 5);
+  int64_t weighted = 0;
+  for (int step = 0; step < 5; ++step) {
+    const auto b = s.next(3, 41, step % 2 == 1);
+    ASSERT_TRUE(b.loss_weights.defined());
+    ASSERT_EQ(b.loss_weights.shape(), (myriad::Shape{3, 41}));
+    const auto lab = row(b.labels);
+    const auto w = b.loss_weights.to_doubles();
+    for (size_t i = 0; i < lab.size(); ++i) {
+      // Weighted documents' tokens weigh token % 7, others 1; eos always 1.
+      if (lab[i] == kEos || w[i] == 1.0) continue;
+      EXPECT_EQ(w[i], static_cast<double>(lab[i] % 7)) << i;
+      ++weighted;
+    }
+  }
+  EXPECT_GT(weighted, 100);
+  // Without weights (or with only empty lists): no loss_weights.
+  const auto plain = dtest::scratch_dir("weights-none");
+  const std::vector<std::vector<uint8_t>> none(docs.size());
+  write_token_shards(docs, kVocab, kEos, plain, 300, 0.0, 3, &none);
+  EXPECT_FALSE(TokenStream(plain, "train", 5).next(2, 16).loss_weights.defined());
+  // A weight list of the wrong length is refused; a corrupted weight byte fails the checksum.
+  weights[1].pop_back();
+  EXPECT_THROW(write_token_shards(docs, kVocab, kEos, dtest::scratch_dir("weights-bad"), 300, 0.0,
+                                  3, &weights),
+               myriad::Error);
+  const auto shard = dir + "/train_00000.bin";
+  const auto size = std::filesystem::file_size(shard);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - 1));
+    f.put('\x7f');
+  }
+  try {
+    TokenStream bad(dir, "train", 0);
+    FAIL() << "corrupt weights accepted";
+  } catch (const myriad::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Shards, DeterministicShuffleAndExactResume) {
   const auto dir = dtest::scratch_dir("resume");
   write_token_shards(make_docs(40), kVocab, kEos, dir, 300, 0.0, 3);

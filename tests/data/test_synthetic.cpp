@@ -109,10 +109,10 @@ TEST(Synthetic, AssociativeRecall) {
   const auto four = mqar(8, 8, 600, tok, Filler::fixed(), 4);
   EXPECT_EQ(four.prompt, it.prompt);
   std::set<std::string> asked{key};
-  const std::regex line("Key ([a-z]{4}) maps to ([0-9]{4})\\.");
-  for (std::sregex_iterator i(four.followup.begin(), four.followup.end(), line), end; i != end;
-       ++i) {
-    const std::string k = (*i)[1], v = (*i)[2];
+  const std::regex question("Key ([a-z]{4}) maps to");
+  for (const auto& [q, v] : four.followup) {
+    ASSERT_TRUE(std::regex_match(q, m, question)) << q;
+    const std::string k = m[1];
     EXPECT_NE(four.prompt.find("Key " + k + " maps to " + v + "."), std::string::npos) << k;
     asked.insert(k);
   }
@@ -129,15 +129,63 @@ TEST(Synthetic, LongContextMixShares) {
   EXPECT_GE(total, 20000);
   EXPECT_NEAR(mix.synthetic_tokens / total, 0.2, 0.05);
   EXPECT_NEAR(mix.short_tokens / total, 0.25, 0.05);
-  for (const auto& d : mix.docs) EXPECT_LE(static_cast<int64_t>(tok.encode(d).size()), 512 + 8);
+  for (const auto& d : mix.docs) EXPECT_LE(static_cast<int64_t>(d.size()), 512);
+  EXPECT_EQ(mix.weights.size(), mix.docs.size());
+  for (const auto& w : mix.weights) EXPECT_TRUE(w.empty());  // answer_weight 1: unweighted
   EXPECT_EQ(mix.docs, mix_long_context(1, source, 512, 128, 20000, tok, Filler::fixed(), 0.2).docs);
   // A retrieval-heavy mix (text still the majority) keeps its shares; past 0.45 is an error.
   const auto heavy = mix_long_context(2, source, 256, 64, 20000, tok, Filler::fixed(), 0.45);
   const double n =
       static_cast<double>(heavy.long_tokens + heavy.short_tokens + heavy.synthetic_tokens);
   EXPECT_NEAR(heavy.synthetic_tokens / n, 0.45, 0.05);
-  for (const auto& d : heavy.docs) EXPECT_LE(static_cast<int64_t>(tok.encode(d).size()), 256 + 8);
+  for (const auto& d : heavy.docs) EXPECT_LE(static_cast<int64_t>(d.size()), 256);
   EXPECT_THROW(mix_long_context(2, source, 256, 64, 20000, tok, Filler::fixed(), 0.5),
+               myriad::Error);
+}
+
+// answer_weight > 1: the weighted tokens of each retrieval item are exactly its answers (the
+// asked value and every follow-up value), text documents stay unweighted, and the tokens are the
+// same as without weights.
+TEST(Synthetic, LongContextMixWeightsTheAnswers) {
+  const auto& tok = dtest::test_tokenizer();
+  const auto source = synthetic_fallback_corpus(9, 30000);
+  const auto mix = mix_long_context(3, source, 512, 128, 20000, tok, Filler::fixed(), 0.45, 8);
+  EXPECT_EQ(mix.docs,
+            mix_long_context(3, source, 512, 128, 20000, tok, Filler::fixed(), 0.45).docs);
+  ASSERT_EQ(mix.weights.size(), mix.docs.size());
+  int items = 0, mqar_items = 0;
+  for (size_t i = 0; i < mix.docs.size(); ++i) {
+    const auto& w = mix.weights[i];
+    if (w.empty()) continue;  // a text document
+    ++items;
+    ASSERT_EQ(w.size(), mix.docs[i].size());
+    // Runs of weight-8 tokens, each decoding to a number (passkey, MK-NIAH, MQAR) or variable
+    // names (VT); everything else weighs 1.
+    std::vector<std::string> answers;
+    for (size_t t = 0; t < w.size();) {
+      ASSERT_TRUE(w[t] == 1 || w[t] == 8) << int(w[t]);
+      if (w[t] == 1) {
+        ++t;
+        continue;
+      }
+      std::vector<int32_t> run;
+      for (; t < w.size() && w[t] == 8; ++t) run.push_back(mix.docs[i][t]);
+      answers.push_back(tok.decode(run));
+    }
+    ASSERT_GE(answers.size(), 1u);
+    const std::string text = tok.decode(mix.docs[i]);
+    for (const auto& a : answers) {
+      EXPECT_TRUE(std::regex_match(a, std::regex(" ?([0-9]+|([A-Z]{5} ?)+)"))) << a;
+      EXPECT_NE(text.find(a + "."), std::string::npos) << a;
+    }
+    if (text.find("Which value does key") != std::string::npos) {
+      ++mqar_items;
+      EXPECT_GE(answers.size(), 2u) << text;  // the asked key and follow-ups
+    }
+  }
+  EXPECT_GT(items, 5);
+  EXPECT_GT(mqar_items, 0);
+  EXPECT_THROW(mix_long_context(3, source, 512, 128, 20000, tok, Filler::fixed(), 0.45, 0),
                myriad::Error);
 }
 

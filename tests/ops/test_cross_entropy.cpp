@@ -170,6 +170,50 @@ TEST(CrossEntropyGrad, Gradcheck) {
   expect_gradcheck("linear_cross_entropy dw only", lce(2), {h.detach(), w, tg});
 }
 
+// Per-row weights: the weighted mean over counted rows, on every backend, and its gradient.
+TEST_P(CrossEntropy, WeightedRowsAreTheWeightedMean) {
+  Device dev = device_of(backend());
+  const int64_t n = 7, v = 11, d = 5;
+  Tensor h = randn({n, d}, 71), w = randn({v, d}, 72);
+  Tensor tg = targets_for(n, v, 73, 3);  // rows 1 and 4 ignored
+  Tensor wt = Tensor::from_doubles(std::vector<double>{0.5, 9.0, 1.0, 0.0, 7.0, 2.0, 1.5}, {n});
+  std::vector<double> lp = ops::log_softmax(ops::linear(h, w)).to_doubles();
+  std::vector<int64_t> t = tg.to_ints();
+  std::vector<double> wv = wt.to_doubles();
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (t[i] != kIgnoreIndex) num -= wv[i] * lp[i * v + t[i]], den += wv[i];
+  for (int64_t chunk : {2, 1024}) {
+    Tensor loss = ops::linear_cross_entropy(h.to(dev), w.to(dev), tg.to(dev), chunk, wt.to(dev));
+    EXPECT_NEAR(loss.item(), num / den, 1e-5) << "chunk " << chunk;
+  }
+  // Weight 1 everywhere is the plain mean; weight 0 on every counted row is a zero loss.
+  EXPECT_NEAR(ops::linear_cross_entropy(h.to(dev), w.to(dev), tg.to(dev), 3,
+                                        Tensor::full({n}, 1.0, DType::F32).to(dev))
+                  .item(),
+              ops::linear_cross_entropy(h.to(dev), w.to(dev), tg.to(dev), 3).item(), 1e-6);
+  Tensor hz = h.to(dev).requires_grad_();
+  Tensor z = ops::linear_cross_entropy(hz, w.to(dev), tg.to(dev), 3,
+                                       Tensor::zeros({n}, DType::F32).to(dev));
+  EXPECT_EQ(z.item(), 0.0);
+  z.backward();
+  for (double g : hz.grad().to_doubles()) EXPECT_EQ(g, 0.0);
+}
+
+TEST(CrossEntropyGrad, WeightedGradcheck) {
+  Tensor h = randn({5, 3}, 81).requires_grad_();
+  Tensor w = randn({6, 3}, 82).requires_grad_();
+  Tensor tg = Tensor::from_ints(std::vector<int64_t>{2, kIgnoreIndex, 0, 5, 1}, {5});
+  Tensor wt =
+      Tensor::from_doubles(std::vector<double>{0.25, 3.0, 4.0, 1.0, 0.0}, {5}).to(DType::F64);
+  for (int64_t chunk : {2, 8})
+    expect_gradcheck("weighted linear_cross_entropy chunk " + std::to_string(chunk),
+                     [chunk, wt](const std::vector<Tensor>& x) {
+                       return ops::linear_cross_entropy(x[0], x[1], x[2], chunk, wt);
+                     },
+                     {h, w, tg});
+}
+
 TEST(CrossEntropyErrors, BadInput) {
   Tensor logits = randn({3, 5}, 1);
   Tensor tg = Tensor::from_ints(std::vector<int64_t>{0, 7, 1}, {3});
@@ -202,6 +246,14 @@ TEST(CrossEntropyErrors, BadInput) {
                {"linear_cross_entropy", "dtype"});
   expect_error([&] { ops::linear_cross_entropy(h, w, targets_for(3, 5, 2), 0); },
                {"linear_cross_entropy", "chunk_rows"});
+  expect_error(
+      [&] {
+        ops::linear_cross_entropy(h, w, targets_for(3, 5, 2), 4,
+                                  Tensor::from_doubles(std::vector<double>{1.0, -1.0, 1.0}, {3}));
+      },
+      {"linear_cross_entropy", "weight -1", "row 1"});
+  expect_error([&] { ops::linear_cross_entropy(h, w, targets_for(3, 5, 2), 4, randn({2}, 3)); },
+               {"linear_cross_entropy", "weights", "[3]"});
 }
 
 }  // namespace

@@ -381,6 +381,18 @@ TEST(Trainer, SegmentedLossAndGradsEqualOnePass) {
   for (const auto& [name, a] : g1)
     for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(g3.at(name)[i] - a[i]));
   EXPECT_GT(diff, 1e-6);
+  // Per-label loss weights, uneven across segments: segments still give the one-pass weighted
+  // mean, which differs from the plain one.
+  std::vector<double> wv(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) wv[i] = i % T < 16 ? 5.0 : static_cast<double>(i % 3);
+  const Tensor w = Tensor::from_doubles(wv, {B, T});
+  auto weighted = [&](int64_t seg) {
+    model::Decoder d = model::Decoder::random(cfg, 5);
+    return Trainer::sequence_loss(d, x, y, seg, false, {}, false, w).item();
+  };
+  const double one = weighted(0);
+  for (int64_t seg : {32, 16}) EXPECT_NEAR(weighted(seg), one, 1e-5) << "segments of " << seg;
+  EXPECT_GT(std::abs(one - l1), 1e-4);
 }
 
 TEST(Trainer, SegmentedStageLearns) {
@@ -710,6 +722,10 @@ TEST(Recipe, CurriculumKeysAreValidated) {
   EXPECT_DOUBLE_EQ(
       Recipe::parse(model + stage + "synthetic_fraction = 0.45\n").stages[0].synthetic_fraction,
       0.45);
+  EXPECT_EQ(r.stages[0].answer_weight, 1);
+  EXPECT_EQ(Recipe::parse(model + stage + "answer_weight = 16\n").stages[0].answer_weight, 16);
+  for (const char* bad : {"answer_weight = 0\n", "answer_weight = 256\n"})
+    EXPECT_NE(err(model + stage + bad).find("stage[0].answer_weight"), std::string::npos) << bad;
   const std::string dir = std::string(MYRIAD_SOURCE_DIR) + "/configs/recipes/";
   // The long-context experiment's recipes parse, with equal token budgets.
   for (const char* name : {"progressive", "direct", "short", "kda", "mla"}) {
