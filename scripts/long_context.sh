@@ -7,6 +7,8 @@
 #   direct       every step at 4K           (direct.toml, same tokens)
 #   short        every step at 256          (short.toml, same tokens)
 #   kda, mla     the progressive curriculum with all-KDA and all-MLA layouts
+# all on the §5.2 long mix with 45% retrieval items whose answers weigh 16 in the loss
+# (answer_weight = 16),
 # then evaluates each final model through the serving engine (passkey, MK-NIAH, VT at 256 .. 16K,
 # held-out loss at each length on one shared held-out set, the induction probe), the progressive
 # hybrid past its training length (32K .. 128K) with a full and a constant-memory sliding MLA
@@ -61,7 +63,7 @@ for mode in full sliding; do
   flags=(--cache-budget 4G)
   [[ $mode == sliding ]] && flags=(--cache-budget 32M --sliding)
   OMP_NUM_THREADS=2 $m eval "$out/progressive/model" --tasks passkey --lengths 32768,65536,131072 \
-    --seeds 2 --depths 0.5 "${flags[@]}" --json "$out/extrapolation-$mode.json" |
+    --seeds 1 --depths 0.5,1 "${flags[@]}" --json "$out/extrapolation-$mode.json" |
     tee "$out/extrapolation-$mode.txt"
 done
 $m report "$out/compare-curriculum" --title "Curriculum contrast at equal tokens" \

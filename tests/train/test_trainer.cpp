@@ -431,7 +431,8 @@ TEST(Trainer, LongDataMixBuildsStageShardsAndHooksRun) {
   const Recipe r = Recipe::parse(micro_recipe(2,
                                               "[[stage]]\nname = \"long\"\nseq_len = 256\n"
                                               "steps = 2\ntokens_per_step = 512\nbatch_size = 1\n"
-                                              "segment_len = 64\ndata_mix = \"long\"\n"));
+                                              "segment_len = 64\ndata_mix = \"long\"\n"
+                                              "answer_weight = 4\n"));
   const fs::path out = temp_dir();
   Trainer t(r, out.string());
   t.set_quiet(true);
@@ -450,9 +451,13 @@ TEST(Trainer, LongDataMixBuildsStageShardsAndHooksRun) {
   ASSERT_TRUE(fs::exists(out / "stage-long" / "meta.json"));
   const data::Tokenizer tok = data::Tokenizer::load((data_dir() / "tok.model").string());
   std::string text;
+  int weighted = 0;  // answer tokens, weight 4 (the stage's shards carry loss weights)
   for (const char* split : {"train", "heldout"}) {
     data::TokenStream s((out / "stage-long").string(), split, 1);
-    const Tensor ids = s.next(1, s.num_tokens() - 1).input_ids;
+    const data::Batch b = s.next(1, s.num_tokens() - 1);
+    const Tensor ids = b.input_ids;
+    ASSERT_TRUE(b.loss_weights.defined());
+    for (double w : b.loss_weights.to_doubles()) weighted += w == 4.0;
     std::vector<int32_t> v;
     for (double d : ids.to_doubles()) v.push_back(static_cast<int32_t>(d));
     text += tok.decode(v);
@@ -462,6 +467,7 @@ TEST(Trainer, LongDataMixBuildsStageShardsAndHooksRun) {
                          text.find("VAR ") != std::string::npos ||
                          text.find("maps to") != std::string::npos;
   EXPECT_TRUE(retrieval) << text.substr(0, 400);
+  EXPECT_GT(weighted, 0);
 }
 
 // Resuming at a stage boundary starts the next stage's data fresh (as the uninterrupted run does);
