@@ -740,6 +740,12 @@ TEST(Recipe, CurriculumKeysAreValidated) {
     for (const auto& st : lc.stages) tokens += st.steps * st.tokens_per_step;
     EXPECT_EQ(tokens, 304 * 16384) << name;
   }
+  // The reach variant: longer 1K and 4K stages, every stage with weighted answers.
+  const Recipe more = Recipe::load(dir + "long-context/progressive-long.toml");
+  ASSERT_EQ(more.stages.size(), 3u);
+  EXPECT_EQ(more.stages[1].steps, 80);
+  EXPECT_EQ(more.stages[2].steps, 100);
+  for (const auto& st : more.stages) EXPECT_EQ(st.answer_weight, 16);
   const Recipe c = Recipe::load(dir + "tiny-curriculum.toml");
   ASSERT_EQ(c.stages.size(), 4u);
   EXPECT_EQ(c.stages[3].seq_len, 16384);
