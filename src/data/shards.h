@@ -1,12 +1,12 @@
 // Binary token shards and the packed, shuffled, resumable stream that reads them.
 //
 // Shard file (little-endian): a 64-byte header {magic "MYRSHARD", u32 version, u32 header bytes,
-// u64 n_tokens, u64 n_docs, u64 checksum, u32 vocab_size, u32 eos, 16 reserved bytes}, then
-// n_tokens i32 tokens (every document followed by eos), then n_docs u64 document start offsets,
-// then, when the header's first reserved byte ("weighted") is 1, n_tokens u8 loss weights (the
-// weight of predicting that token: 0 leaves it out of the loss, k > 1 counts it k times). The
-// checksum is a 64-bit FNV-1a over the token and start words, then the weights. out_dir/meta.json
-// lists the shards of the "train" and "heldout" splits.
+// u64 n_tokens, u64 n_docs, u64 checksum, u32 vocab_size, u32 eos, u8 weighted, 15 reserved
+// bytes}, then n_tokens i32 tokens (every document followed by eos), then n_docs u64 document
+// start offsets, then, when `weighted` is 1, n_tokens u8 loss weights (the weight of predicting
+// that token: 0 leaves it out of the loss, k > 1 counts it k times). The checksum is a 64-bit
+// FNV-1a over the token and start words, then the weights. out_dir/meta.json lists the shards of
+// the "train" and "heldout" splits.
 #pragma once
 #include <cstdint>
 #include <memory>

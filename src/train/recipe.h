@@ -28,7 +28,8 @@ struct StageSpec {
   // default is 0.2.
   double synthetic_fraction = 0.2;
   // "long" mix only: the loss weight of retrieval items' answer tokens, in [1, 255] (1: plain
-  // mean). The logged training loss is then the weighted mean; held-out losses stay unweighted.
+  // mean). The training loss is then the weighted mean within each micro-batch (micro-batches
+  // still count equally in a step) and is logged as such; held-out losses stay unweighted.
   int64_t answer_weight = 1;
   // > 0: each [B, T] sequence runs as T / segment_len segments in order, carrying the decode
   // state (KDA state + conv, MLA latents); gradients flow through it unless detach_state
