@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "cli/agent.h"
 #include "cli/commands.h"
 #include "cli/data.h"
 #include "cli/eval.h"
@@ -38,6 +39,8 @@ int main(int argc, char** argv) {
   myriad::cli::add_infer_commands(app, infer_args);
   myriad::cli::EvalArgs eval_args;
   myriad::cli::add_eval_command(app, eval_args);
+  myriad::cli::AgentArgs agent_args;
+  myriad::cli::add_agent_commands(app, agent_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*selfcheck) return myriad::cli::selfcheck(sc);
@@ -48,6 +51,7 @@ int main(int argc, char** argv) {
     if (data_args.selected()) return myriad::cli::data_command(data_args);
     if (infer_args.selected()) return myriad::cli::infer_command(infer_args);
     if (*eval_args.cmd) return myriad::cli::eval_command(eval_args);
+    if (agent_args.selected()) return myriad::cli::agent_command(agent_args);
   } catch (const myriad::Error& e) {
     std::fprintf(stderr, "myriad: error: %s\n", e.what());
     return 1;

@@ -59,6 +59,12 @@ void export_model(const model::Decoder& dec, const std::string& tokenizer, const
   dec.config().save((dir / "config.json").string());
   dec.weights().save((dir / "model.safetensors").string());
   fs::copy_file(tokenizer, dir / "tokenizer.model", fs::copy_options::overwrite_existing);
+  // An SFT run's chat template (the server then renders chats as training did).
+  const fs::path tmpl = fs::path(tokenizer).parent_path() / "chat_template.txt";
+  if (fs::exists(tmpl))
+    fs::copy_file(tmpl, dir / "chat_template.txt", fs::copy_options::overwrite_existing);
+  else
+    fs::remove(dir / "chat_template.txt");
 }
 
 // Expert-load max-violation (TRAINING.md §4, per MoE layer) after warm-up, per stage: the mean

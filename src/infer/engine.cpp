@@ -285,7 +285,8 @@ struct Engine::Impl {
     ev.request = s.id, ev.token = pk.token, ev.logprob = pk.logprob, ev.top = pk.top;
     std::string reason;
     const SamplingParams& p = s.req.params;
-    if (!p.ignore_eos && pk.token == tok.eos()) {
+    if ((!p.ignore_eos && pk.token == tok.eos()) ||
+        std::find(p.stop_tokens.begin(), p.stop_tokens.end(), pk.token) != p.stop_tokens.end()) {
       ev.text = s.text->flush();
       reason = "stop";
     } else {

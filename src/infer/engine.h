@@ -30,6 +30,9 @@ struct SamplingParams {
   std::optional<uint64_t> seed;   // none: a fresh seed per request
   int64_t max_tokens = 256;       // new tokens
   std::vector<std::string> stop;  // stop sequences (text); the matched text is not returned
+  // Token ids that end the request ("stop") like EOS: the final event carries the token (its
+  // text is not returned). Agent rollouts stop on the chat template's end marker this way.
+  std::vector<int32_t> stop_tokens;
   bool ignore_eos = false;
   int top_logprobs = -1;  // -1: no logprobs; 0..20: logprob of the pick + that many alternatives
 };

@@ -3,111 +3,17 @@
 #include "data/synthetic.h"
 
 #include <toml++/toml.h>
+
 #include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include "train/toml_section.h"
 
 #include "core/error.h"
 
 namespace myriad::train {
-namespace {
-
-// Reads the keys of one table, refusing unknown ones; every error names the dotted key.
-class Section {
- public:
-  Section(const toml::table* t, std::string prefix) : t_(t), prefix_(std::move(prefix)) {}
-  ~Section() = default;
-  std::string key(std::string_view k) const { return prefix_ + std::string(k); }
-  const toml::node* node(std::string_view k) {
-    seen_.insert(std::string(k));
-    return t_ ? t_->get(k) : nullptr;
-  }
-  template <class T>
-  void get(std::string_view k, std::vector<T>& out) {
-    const toml::node* n = node(k);
-    if (!n) return;
-    MYRIAD_CHECK(n->is_array(), key(k), ": expected an array");
-    out.clear();
-    for (const auto& e : *n->as_array()) out.push_back(value<T>(e, k));
-  }
-  template <class T>
-  void get(std::string_view k, T& out) {
-    if (const toml::node* n = node(k)) out = value<T>(*n, k);
-  }
-  template <class T>
-  T value(const toml::node& nr, std::string_view k) const {
-    const toml::node* n = &nr;
-    T out{};
-    if constexpr (std::is_same_v<T, bool>) {
-      MYRIAD_CHECK(n->is_boolean(), key(k), ": expected true or false");
-      out = *n->value<bool>();
-    } else if constexpr (std::is_same_v<T, std::string>) {
-      MYRIAD_CHECK(n->is_string(), key(k), ": expected a string");
-      out = *n->value<std::string>();
-    } else if constexpr (std::is_floating_point_v<T>) {
-      MYRIAD_CHECK(n->is_number(), key(k), ": expected a number");
-      out = *n->value<double>();
-      MYRIAD_CHECK(std::isfinite(out), key(k), ": must be finite");
-    } else {
-      MYRIAD_CHECK(n->is_integer(), key(k), ": expected an integer");
-      const int64_t v = *n->value<int64_t>();
-      MYRIAD_CHECK(std::is_signed_v<T> || v >= 0, key(k), ": must not be negative");
-      out = static_cast<T>(v);
-    }
-    return out;
-  }
-  void check_positive(std::string_view k, double v) const {
-    MYRIAD_CHECK(v > 0, key(k), ": must be positive, got ", v);
-  }
-  // Every key of the table was read.
-  void finish() const {
-    if (!t_) return;
-    for (auto&& [k, v] : *t_)
-      MYRIAD_CHECK(seen_.count(std::string(k.str())), "unknown key ", key(k.str()));
-  }
-
- private:
-  const toml::table* t_;
-  std::string prefix_;
-  std::set<std::string> seen_;
-};
-
-const toml::table* subtable(const toml::table& root, std::string_view k) {
-  const toml::node* n = root.get(k);
-  if (!n) return nullptr;
-  MYRIAD_CHECK(n->is_table(), k, ": expected a table [", k, "]");
-  return n->as_table();
-}
-
-nlohmann::json to_json(const toml::node& n, const std::string& key) {
-  if (const auto* t = n.as_table()) {
-    nlohmann::json j = nlohmann::json::object();
-    for (auto&& [k, v] : *t) j[std::string(k.str())] = to_json(v, key + "." + std::string(k.str()));
-    return j;
-  }
-  if (const auto* a = n.as_array()) {
-    nlohmann::json j = nlohmann::json::array();
-    for (const auto& v : *a) j.push_back(to_json(v, key));
-    return j;
-  }
-  if (n.is_string()) return *n.value<std::string>();
-  if (n.is_integer()) return *n.value<int64_t>();
-  if (n.is_floating_point()) return *n.value<double>();
-  if (n.is_boolean()) return *n.value<bool>();
-  throw Error(cat(key, ": dates and times are not config values"));
-}
-
-void one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
-  std::string list;
-  for (const char* o : ok) {
-    if (v == o) return;
-    list += list.empty() ? o : std::string(", ") + o;
-  }
-  throw Error(cat(key, ": \"", v, "\" is not one of ", list));
-}
-
-}  // namespace
+using namespace toml_recipe;  // NOLINT: Section, subtable, to_json, one_of
 
 Recipe Recipe::parse(std::string_view text, std::string_view source) {
   toml::table root;
@@ -137,13 +43,17 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   Section m(subtable(root, "model"), "model.");
   m.get("preset", r.model_preset);
   m.get("config", r.model_config);
+  m.get("init", r.model_init);
   if (const toml::node* o = m.node("overrides")) {
     MYRIAD_CHECK(o->is_table(), "model.overrides: expected a table");
     r.model_overrides = to_json(*o, "model.overrides");
   }
   m.finish();
-  MYRIAD_CHECK(r.model_preset.empty() != r.model_config.empty(),
-               "model: give exactly one of model.preset and model.config");
+  MYRIAD_CHECK((r.model_preset.empty() ? 0 : 1) + (r.model_config.empty() ? 0 : 1) +
+                       (r.model_init.empty() ? 0 : 1) ==
+                   1,
+               "model: give exactly one of model.preset, model.config and model.init");
+  if (!r.model_init.empty()) r.model_config = r.model_init;  // its config.json
 
   Section d(subtable(root, "data"), "data.");
   d.get("tokenizer", r.tokenizer);
@@ -154,8 +64,23 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   d.get("shard_tokens", r.shard_tokens);
   d.get("heldout_fraction", r.heldout_fraction);
   d.get("heldout_batches", r.heldout_batches);
+  d.get("sft_sources", r.sft_sources);
+  d.get("sft_noise", r.sft_noise);
+  d.get("sft_examples", r.sft_examples);
+  d.get("sft_max_tokens", r.sft_max_tokens);
   d.finish();
-  one_of("data.corpus", r.corpus, {"builtin", "synthetic"});
+  one_of("data.corpus", r.corpus, {"builtin", "synthetic", "sft"});
+  MYRIAD_CHECK(r.corpus != "sft" || !r.sft_sources.empty(),
+               "data.sft_sources: corpus = \"sft\" needs at least one source");
+  MYRIAD_CHECK(r.corpus == "sft" || r.sft_sources.empty(),
+               "data.sft_sources: only with corpus = \"sft\"");
+  MYRIAD_CHECK(r.sft_noise.empty() || r.sft_noise.size() == r.sft_sources.size(),
+               "data.sft_noise: one value per source (", r.sft_sources.size(), "), got ",
+               r.sft_noise.size());
+  for (double x : r.sft_noise)
+    MYRIAD_CHECK(x >= 0 && x <= 1, "data.sft_noise: each must be in [0, 1], got ", x);
+  d.check_positive("sft_examples", static_cast<double>(r.sft_examples));
+  d.check_positive("sft_max_tokens", static_cast<double>(r.sft_max_tokens));
   MYRIAD_CHECK(r.vocab_size >= 16, "data.vocab_size: must be at least 16, got ", r.vocab_size);
   d.check_positive("max_corpus_bytes", static_cast<double>(r.max_corpus_bytes));
   d.check_positive("shard_tokens", static_cast<double>(r.shard_tokens));

@@ -64,12 +64,21 @@ struct Recipe {
 
   // [model]: a preset name or a config path (file or directory), plus config.json overrides.
   std::string model_preset, model_config;
+  // [model] init: a model directory (myriad train's model/) to start from: its config, weights
+  // and tokenizer (post-training after pretraining). Exclusive with preset and config.
+  std::string model_init;
   nlohmann::json model_overrides = nlohmann::json::object();
 
   // [data]: relative paths are taken inside the run's output directory.
   std::string tokenizer = "tokenizer.model";  // trained when missing
   int64_t vocab_size = 512;                   // for a tokenizer trained here
-  std::string corpus = "builtin";             // "builtin" (WordNet + GCIDE) or "synthetic"
+  // "builtin" (WordNet + GCIDE), "synthetic", or "sft": chat conversations (agent::sft_documents)
+  // from sft_sources, trained on the assistant's tokens only, rows starting at conversations.
+  std::string corpus = "builtin";
+  std::vector<std::string> sft_sources;  // environment names (agent::make_environment)
+  std::vector<double> sft_noise;         // per source (environments' expert noise); default 0
+  int64_t sft_examples = 20000;          // conversations per source
+  int64_t sft_max_tokens = 256;          // a longer conversation is cut (episode total budget)
   int64_t max_corpus_bytes = 4 << 20;
   std::string shard_dir = "shards";  // built when it has no meta.json
   int64_t shard_tokens = 1 << 20;

@@ -7,10 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <optional>
 
+#include "agent/sft.h"
 #include "core/autograd.h"
 #include "core/error.h"
 #include "data/corpus.h"
@@ -166,7 +168,15 @@ struct Trainer::Impl {
     return fs::path(p).is_absolute() ? p : (out / p).string();
   }
 
+  std::vector<agent::SftSource> sft_sources() const {
+    std::vector<agent::SftSource> out;
+    for (size_t i = 0; i < r.sft_sources.size(); ++i)
+      out.push_back({r.sft_sources[i], r.sft_noise.empty() ? 0.0 : r.sft_noise[i], r.sft_examples});
+    return out;
+  }
+
   std::vector<std::string> corpus() const {
+    if (r.corpus == "sft") return agent::sft_text(sft_sources(), r.seed);
     if (r.corpus == "synthetic")
       return data::synthetic_fallback_corpus(r.seed, static_cast<size_t>(r.max_corpus_bytes));
     return data::builtin_corpus(static_cast<size_t>(r.max_corpus_bytes));
@@ -176,18 +186,44 @@ struct Trainer::Impl {
     fs::create_directories(out);
     const std::string tok_path = path(r.tokenizer), shard_dir = path(r.shard_dir);
     std::vector<std::string> docs;
-    if (!fs::exists(tok_path) || !fs::exists(fs::path(shard_dir) / "meta.json")) docs = corpus();
+    if (!r.model_init.empty() && !fs::exists(tok_path))
+      fs::copy_file(fs::path(r.model_init) / "tokenizer.model", tok_path);
+    if (!fs::exists(tok_path) ||
+        (r.corpus != "sft" && !fs::exists(fs::path(shard_dir) / "meta.json")))
+      docs = corpus();
     if (fs::exists(tok_path)) {
       tok.emplace(data::Tokenizer::load(tok_path));
     } else {
       MYRIAD_CHECK(!docs.empty(), "data: the ", r.corpus, " corpus is empty");
       tok.emplace(data::Tokenizer::train(docs, static_cast<int>(r.vocab_size), tok_path));
     }
-    if (!fs::exists(fs::path(shard_dir) / "meta.json"))
-      data::write_token_shards(docs, *tok, shard_dir, r.shard_tokens, r.heldout_fraction, r.seed);
+    if (!fs::exists(fs::path(shard_dir) / "meta.json")) {
+      if (r.corpus == "sft") {
+        agent::EpisodeLimits lim;
+        lim.max_total_tokens = r.sft_max_tokens;
+        const agent::SftDocs sd = agent::sft_documents(sft_sources(), *tok, r.seed, lim);
+        data::write_token_shards(sd.tokens, tok->vocab_size(), tok->eos(), shard_dir,
+                                 r.shard_tokens, r.heldout_fraction, r.seed, &sd.weights);
+      } else {
+        data::write_token_shards(docs, *tok, shard_dir, r.shard_tokens, r.heldout_fraction, r.seed);
+      }
+    }
+    if (r.corpus == "sft") {  // the server renders chats as the SFT data did
+      std::ofstream f(out / "chat_template.txt", std::ios::trunc);
+      f << agent::kAgentTemplateText;
+      MYRIAD_CHECK(f.good(), "cannot write ", (out / "chat_template.txt").string());
+    }
 
-    const model::ModelConfig cfg = r.model(tok->vocab_size());
-    dec.emplace(model::Decoder::random(cfg, r.seed));
+    const model::ModelConfig cfg =
+        r.model(r.model_init.empty() ? tok->vocab_size()
+                                     : model::ModelConfig::load(r.model_init).vocab_size);
+    if (r.model_init.empty()) {
+      dec.emplace(model::Decoder::random(cfg, r.seed));
+    } else {
+      dec.emplace(model::Decoder::load(r.model_init));
+      MYRIAD_CHECK(dec->config().to_json() == cfg.to_json(),
+                   "model.init: model.overrides cannot change an initial model's config");
+    }
     dec->weights().requires_grad_(true);  // replaces the tensors: collect them afterwards
     opt.emplace(optimizer_params(*dec), r.optimizer);
     if (r.precision == "bf16") shadow.emplace(*dec);
@@ -335,8 +371,12 @@ struct Trainer::Impl {
     data::TokenStream hs(stream_dir, "heldout", r.seed);
     double sum = 0;
     for (int64_t i = 0; i < r.heldout_batches; ++i) {
-      const data::Batch b = hs.next(sp.batch_size, sp.seq_len);
-      sum += sequence_loss(fw(), b.input_ids, b.labels, sp.segment_len).item();
+      // SFT: the loss of the assistant's tokens (the mask), on rows that start at conversations.
+      const bool sft = r.corpus == "sft";
+      const data::Batch b = hs.next(sp.batch_size, sp.seq_len, sft);
+      sum += sequence_loss(fw(), b.input_ids, b.labels, sp.segment_len, false, {}, false,
+                           sft ? b.loss_weights : Tensor())
+                 .item();
     }
     return sum / static_cast<double>(r.heldout_batches);
   }
@@ -381,7 +421,8 @@ struct Trainer::Impl {
     const int64_t seg = sp.segment_len > 0 && sp.segment_len < sp.seq_len ? sp.segment_len : 0;
     const int64_t L = seg ? seg : sp.seq_len;
     for (int64_t mb = 0; mb < n_micro; ++mb) {
-      const data::Batch b = stream->next(sp.batch_size, sp.seq_len, sp.data_mix == "long");
+      const data::Batch b =
+          stream->next(sp.batch_size, sp.seq_len, sp.data_mix == "long" || r.corpus == "sft");
       double aux_mb = 0;
       // The balancers see every segment's routing; in aux_loss mode each MoE layer adds its
       // α n Σ f_j P_j term (per sequence of the segment with aux_scope = "sequence").
