@@ -29,6 +29,8 @@ void add_agent_commands(CLI::App& app, AgentArgs& a) {
       ->check(CLI::ExistingFile);
   a.rl->add_option("--out", a.out, "output directory (default runs/<recipe name>)");
   a.rl->add_flag("--resume", a.resume, "continue from the newest checkpoint in --out");
+  a.rl->add_option("--init", a.init, "the model to start from (replaces the recipe's model.init)")
+      ->check(CLI::ExistingDirectory);
   a.eval = app.add_subcommand("agent-eval",
                               "held-out pass@1 and pass@k of a model on an agent environment");
   a.eval->add_option("model_dir", a.model_dir, "model directory")
@@ -94,7 +96,8 @@ int agent_step(const AgentArgs& a) {
 int agent_command(const AgentArgs& a) {
   if (a.step && a.step->parsed()) return agent_step(a);
   if (a.rl && a.rl->parsed()) {
-    const train::RlRecipe r = train::RlRecipe::load(a.recipe);
+    train::RlRecipe r = train::RlRecipe::load(a.recipe);
+    if (!a.init.empty()) r.init = a.init;
     const std::string out =
         a.out.empty() ? (fs::path("runs") / fs::path(a.recipe).stem()).string() : a.out;
     train::RlTrainer t(r, out);

@@ -31,6 +31,10 @@ CLI::App* add_train_command(CLI::App& app, TrainArgs& a) {
       ->check(CLI::ExistingFile);
   c->add_option("--out", a.out, "output directory (default runs/<recipe name>)");
   c->add_flag("--resume", a.resume, "continue from the newest checkpoint in the output directory");
+  c->add_option("--init", a.init,
+                "start from this model directory (its config, weights and tokenizer), e.g. SFT "
+                "after pretraining; replaces the recipe's [model] table")
+      ->check(CLI::ExistingDirectory);
   c->add_option("--contrast", a.contrast,
                 "another run directory to draw in this run's report for contrast");
   c->add_option("--contrast-label", a.contrast_label, "legend of the contrast run");
@@ -140,7 +144,13 @@ int train_command(const TrainArgs& a) {
   if (a.report && a.report->parsed()) return report_command(a);
   const std::string out =
       a.out.empty() ? (fs::path("runs") / fs::path(a.recipe).stem()).string() : a.out;
-  const Recipe recipe = Recipe::load(a.recipe);
+  Recipe recipe = Recipe::load(a.recipe);
+  if (!a.init.empty()) {
+    MYRIAD_CHECK(recipe.model_overrides.empty(), "--init: the recipe's model.overrides would ",
+                 "change the initial model's config");
+    recipe.model_preset.clear();
+    recipe.model_init = recipe.model_config = a.init;
+  }
   train::Trainer t(recipe, out);
   t.run(a.resume);
   if (t.gate_stopped()) {

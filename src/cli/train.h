@@ -18,6 +18,7 @@ struct TrainArgs {
   std::string recipe;
   std::string out;  // default: runs/<recipe file stem>
   bool resume = false;
+  std::string init;  // --init: start from this model directory (overrides the recipe's [model])
   // report
   std::string report_dir, contrast, contrast_label = "contrast";
   // report --compare LABEL=RUN_DIR ... (--out DIR): the runs side by side (write_comparison)

@@ -50,9 +50,9 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   }
   m.finish();
   MYRIAD_CHECK((r.model_preset.empty() ? 0 : 1) + (r.model_config.empty() ? 0 : 1) +
-                       (r.model_init.empty() ? 0 : 1) ==
+                       (r.model_init.empty() ? 0 : 1) <=
                    1,
-               "model: give exactly one of model.preset, model.config and model.init");
+               "model: give one of model.preset, model.config and model.init");
   if (!r.model_init.empty()) r.model_config = r.model_init;  // its config.json
 
   Section d(subtable(root, "data"), "data.");
@@ -238,6 +238,9 @@ int64_t Recipe::total_steps() const {
 }
 
 model::ModelConfig Recipe::model(int64_t vocab) const {
+  MYRIAD_CHECK(!model_preset.empty() || !model_config.empty(),
+               "model: give one of model.preset, model.config and model.init (or myriad train "
+               "--init)");
   model::ModelConfig base =
       model_preset.empty() ? model::ModelConfig::load(model_config) : model::preset(model_preset);
   nlohmann::json j = nlohmann::json::parse(base.to_json());

@@ -92,7 +92,6 @@ RlRecipe RlRecipe::parse(std::string_view text, std::string_view source) {
   Section m(subtable(root, "model"), "model.");
   m.get("init", r.init);
   m.finish();
-  MYRIAD_CHECK(!r.init.empty(), "model.init: the RL recipe needs the model to start from");
 
   Section t(subtable(root, "task"), "task.");
   t.get("envs", r.envs);
@@ -172,12 +171,15 @@ RlRecipe RlRecipe::parse(std::string_view text, std::string_view source) {
   tr.get("max_sampling_rounds", r.max_sampling_rounds);
   tr.get("micro_batch", r.micro_batch);
   tr.get("engine_batch", r.engine_batch);
+  tr.get("segment_len", r.segment_len);
+  tr.get("recompute", r.recompute);
   tr.finish();
   tr.check_positive("steps", static_cast<double>(r.steps));
   tr.check_positive("minibatches", static_cast<double>(r.minibatches));
   tr.check_positive("max_sampling_rounds", static_cast<double>(r.max_sampling_rounds));
   tr.check_positive("micro_batch", static_cast<double>(r.micro_batch));
   tr.check_positive("engine_batch", static_cast<double>(r.engine_batch));
+  MYRIAD_CHECK(r.segment_len >= 0, "train.segment_len: must be >= 0 (0: one pass)");
 
   Section e(subtable(root, "eval"), "eval.");
   e.get("every", r.eval_every);
@@ -248,6 +250,72 @@ std::vector<std::vector<double>> token_logprobs(const model::Decoder& dec,
     }
   }
   return out;
+}
+
+void policy_backward(const model::Decoder& dec, const std::vector<Trajectory>& batch,
+                     const std::vector<std::vector<double>>& grad, double weight,
+                     int64_t micro_batch, int64_t segment_len, bool recompute) {
+  const Tensor& head = dec.weights().get(
+      dec.weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
+  const int64_t d = dec.config().hidden_size;
+  for (size_t b0 = 0; b0 < batch.size(); b0 += static_cast<size_t>(micro_batch)) {
+    const size_t b1 = std::min(batch.size(), b0 + static_cast<size_t>(micro_batch));
+    size_t T = 0;
+    for (size_t i = b0; i < b1; ++i) T = std::max(T, batch[i].tokens.size());
+    // Segments need T to be a multiple of the segment length: pad (weight 0).
+    const bool seg = segment_len > 0 && static_cast<int64_t>(T) > segment_len;
+    if (seg)
+      T = (T + static_cast<size_t>(segment_len) - 1) / static_cast<size_t>(segment_len) *
+          static_cast<size_t>(segment_len);
+    const auto M = static_cast<int64_t>(b1 - b0);
+    const size_t N = static_cast<size_t>(M) * T;
+    std::vector<int64_t> ids(N, 3), labels(N, ops::kIgnoreIndex);
+    std::vector<double> pos(N, 0.0), neg(N, 0.0);
+    double sp = 0, sn = 0;
+    for (size_t i = b0; i < b1; ++i)
+      for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+        const size_t at = (i - b0) * T + t;
+        ids[at] = batch[i].tokens[t];
+        if (t + 1 < batch[i].tokens.size()) {
+          labels[at] = batch[i].tokens[t + 1];
+          const double c = -grad[i][t + 1] * weight;
+          if (c > 0) pos[at] = c, sp += c;
+          if (c < 0) neg[at] = -c, sn += -c;
+        }
+      }
+    if (sp == 0 && sn == 0) continue;
+    const Shape BT = {M, static_cast<int64_t>(T)};
+    const Tensor x = Tensor::from_ints(ids, BT);
+    const Tensor y = Tensor::from_ints(labels, BT);
+    if (seg) {
+      // Through the segment carry (KDA state and MLA latents, exact gradients), segment by
+      // segment (the memory of one), one sign at a time.
+      if (sp > 0)
+        Trainer::segmented_backward(dec, x, y, segment_len, Tensor::from_doubles(pos, BT), sp,
+                                    recompute);
+      if (sn > 0)
+        Trainer::segmented_backward(dec, x, y, segment_len, Tensor::from_doubles(neg, BT), -sn,
+                                    recompute);
+      continue;
+    }
+    const model::ForwardOutput f =
+        dec.forward(x, nullptr, {.logits = false, .recompute = recompute});
+    const Tensor h = ops::reshape(f.normed_BTD, {static_cast<int64_t>(N), d});
+    const Tensor yN = ops::reshape(y, {static_cast<int64_t>(N)});
+    Tensor loss;
+    if (sp > 0)
+      loss = ops::mul(ops::linear_cross_entropy(
+                          h, head, yN, 1024, Tensor::from_doubles(pos, {static_cast<int64_t>(N)})),
+                      sp);
+    if (sn > 0) {
+      const Tensor l =
+          ops::mul(ops::linear_cross_entropy(h, head, yN, 1024,
+                                             Tensor::from_doubles(neg, {static_cast<int64_t>(N)})),
+                   -sn);
+      loss = loss.defined() ? ops::add(loss, l) : l;
+    }
+    loss.backward();
+  }
 }
 
 // ---- Evaluation ----
@@ -585,7 +653,9 @@ struct RlTrainer::Impl {
           rl::Sample s;
           s.mask = t.loss_mask;
           s.turn = t.token_turns();
-          s.r_turn = t.r_turn;
+          // λ_p = 0: process rewards play no part (nor in deciding that a group is all-equal).
+          s.r_turn =
+              r.advantage.lambda_process > 0 ? t.r_turn : std::vector<double>(t.r_turn.size(), 0.0);
           s.R = t.R;
           s.truncated = t.truncated;
           if (t.truncated && r.truncation == "penalty") s.R = r.truncation_reward;
@@ -664,7 +734,7 @@ struct RlTrainer::Impl {
         }
         const rl::LossResult lr = rl::policy_loss(in, r.loss);
         opt->zero_grad();
-        backward_surrogate(mb, lr.grad, sw);
+        policy_backward(*dec, mb, lr.grad, sw, r.micro_batch, r.segment_len, r.recompute);
         const double gn = opt->clip_grad_norm();
         if (std::isfinite(gn)) {
           opt->step(r.optimizer.lr);
@@ -718,52 +788,6 @@ struct RlTrainer::Impl {
     }
   }
 
-  // Back-propagates Σ_t g_t · logp_θ[t] (scaled by w) through the policy: with c = -g, this is
-  // S+ · wmean(CE; c+) - S- · wmean(CE; c-), two weighted cross-entropies of one forward.
-  void backward_surrogate(const std::vector<Trajectory>& mb,
-                          const std::vector<std::vector<double>>& grad, double w) {
-    const Tensor& head = dec->weights().get(
-        dec->weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
-    const int64_t d = dec->config().hidden_size;
-    for (size_t b0 = 0; b0 < mb.size(); b0 += static_cast<size_t>(r.micro_batch)) {
-      const size_t b1 = std::min(mb.size(), b0 + static_cast<size_t>(r.micro_batch));
-      size_t T = 0;
-      for (size_t i = b0; i < b1; ++i) T = std::max(T, mb[i].tokens.size());
-      const auto M = static_cast<int64_t>(b1 - b0);
-      const size_t N = static_cast<size_t>(M) * T;
-      std::vector<int64_t> ids(N, 3), labels(N, ops::kIgnoreIndex);
-      std::vector<double> pos(N, 0.0), neg(N, 0.0);
-      double sp = 0, sn = 0;
-      for (size_t i = b0; i < b1; ++i)
-        for (size_t t = 0; t < mb[i].tokens.size(); ++t) {
-          const size_t at = (i - b0) * T + t;
-          ids[at] = mb[i].tokens[t];
-          if (t + 1 < mb[i].tokens.size()) {
-            labels[at] = mb[i].tokens[t + 1];
-            const double c = -grad[i][t + 1] * w;
-            if (c > 0) pos[at] = c, sp += c;
-            if (c < 0) neg[at] = -c, sn += -c;
-          }
-        }
-      if (sp == 0 && sn == 0) continue;
-      const Tensor x = Tensor::from_ints(ids, {M, static_cast<int64_t>(T)});
-      const model::ForwardOutput f = dec->forward(x, nullptr, {.logits = false});
-      const Tensor h = ops::reshape(f.normed_BTD, {static_cast<int64_t>(N), d});
-      const Tensor y = Tensor::from_ints(labels, {static_cast<int64_t>(N)});
-      Tensor loss;
-      if (sp > 0) {
-        const Tensor wp = Tensor::from_doubles(pos, {static_cast<int64_t>(N)});
-        loss = ops::mul(ops::linear_cross_entropy(h, head, y, 1024, wp), sp);
-      }
-      if (sn > 0) {
-        const Tensor wn = Tensor::from_doubles(neg, {static_cast<int64_t>(N)});
-        const Tensor l = ops::mul(ops::linear_cross_entropy(h, head, y, 1024, wn), -sn);
-        loss = loss.defined() ? ops::add(loss, l) : l;
-      }
-      loss.backward();
-    }
-  }
-
   void export_model() {
     const fs::path dir = out / "model";
     fs::create_directories(dir);
@@ -778,6 +802,8 @@ struct RlTrainer::Impl {
 };
 
 RlTrainer::RlTrainer(RlRecipe recipe, std::string out_dir) : impl_(std::make_unique<Impl>()) {
+  MYRIAD_CHECK(!recipe.init.empty(),
+               "model.init: the RL recipe needs the model to start from (or myriad rl --init)");
   impl_->r = std::move(recipe);
   impl_->out = out_dir;
 }

@@ -49,6 +49,11 @@ struct RlRecipe {
   int64_t max_sampling_rounds = 3;
   int64_t micro_batch = 32;   // trajectories per forward in the update
   int64_t engine_batch = 64;  // sequences the engine decodes together
+  // > 0: trajectories longer than this are updated segment by segment, carrying the KDA state and
+  // MLA latents (exact gradients, as the curriculum's segments); recompute: activation
+  // recomputation. Long agent trajectories then fit in memory.
+  int64_t segment_len = 0;
+  bool recompute = false;
 
   // [eval]
   int64_t eval_every = 10, eval_tasks = 200, eval_k = 8;
@@ -116,5 +121,14 @@ std::vector<std::vector<double>> token_logprobs(const model::Decoder& dec,
                                                 const std::vector<agent::Trajectory>& batch,
                                                 int64_t micro_batch,
                                                 std::vector<double>* entropy = nullptr);
+
+// Back-propagates Σ_t grad[i][t] · logp_θ(token t of trajectory i) (scaled by weight) into the
+// parameters' gradients, which then equal weight · dL/dθ for the loss whose per-token log-prob
+// gradient is `grad` (rl::policy_loss). With c = -g it is S+ · wmean(CE; c+) - S- · wmean(CE; c-):
+// weighted cross-entropies, so mask-0 positions (g = 0) weigh exactly 0. segment_len > 0 runs
+// each micro-batch as segments carrying the decode state (Trainer::sequence_loss).
+void policy_backward(const model::Decoder& dec, const std::vector<agent::Trajectory>& batch,
+                     const std::vector<std::vector<double>>& grad, double weight,
+                     int64_t micro_batch, int64_t segment_len = 0, bool recompute = false);
 
 }  // namespace myriad::train

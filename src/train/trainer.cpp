@@ -21,6 +21,7 @@
 #include "data/tokenizer.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
+#include "ops/reduce.h"
 #include "ops/shape.h"
 #include "train/balancer.h"
 #include "train/checkpoint.h"
@@ -35,21 +36,19 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+// Every tensor a decode cache carries between segments, in a fixed order.
+std::vector<Tensor*> cache_tensors(model::DecodeCache& c) {
+  std::vector<Tensor*> out;
+  for (auto& k : c.kda) out.insert(out.end(), {&k.conv_BCK, &k.S_BHKV});
+  for (auto& m : c.mla)
+    out.insert(out.end(), {&m.latent_BSC, &m.window_gate_BS, &m.admitted_BNC, &m.admitted_bias_BN,
+                           &m.latent_sum_BR});
+  return out;
+}
+
 void detach_cache(model::DecodeCache& c) {
-  auto d = [](Tensor& t) {
-    if (t.defined()) t = t.detach();
-  };
-  for (auto& k : c.kda) {
-    d(k.conv_BCK);
-    d(k.S_BHKV);
-  }
-  for (auto& m : c.mla) {
-    d(m.latent_BSC);
-    d(m.window_gate_BS);
-    d(m.admitted_BNC);
-    d(m.admitted_bias_BN);
-    d(m.latent_sum_BR);
-  }
+  for (Tensor* t : cache_tensors(c))
+    if (t->defined()) *t = t->detach();
 }
 
 // A differentiable dtype conversion (the auxiliary loss is computed in fp32 from bf16 scores).
@@ -115,6 +114,74 @@ Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                                           : share[static_cast<size_t>(s / L)]);
     total = total.defined() ? ops::add(total, loss) : loss;
     if (detach_state && cache) detach_cache(*cache);
+  }
+  return total;
+}
+
+double Trainer::segmented_backward(const model::Decoder& dec, const Tensor& ids_BT,
+                                   const Tensor& labels_BT, int64_t segment_len,
+                                   const Tensor& weights_BT, double scale, bool recompute) {
+  const int64_t B = ids_BT.size(0), T = ids_BT.size(1), d = dec.config().hidden_size;
+  const int64_t L = segment_len > 0 && segment_len < T ? segment_len : T;
+  MYRIAD_CHECK(T % L == 0, "trainer: segment_len ", L, " does not divide the sequence length ", T);
+  const int64_t S = T / L;
+  // Each segment's share of the one-pass mean (by counted weight when weighted).
+  std::vector<double> share(static_cast<size_t>(S), 0.0);
+  {
+    const std::vector<double> w =
+        weights_BT.defined() ? weights_BT.to_doubles() : std::vector<double>();
+    const std::vector<int64_t> y = labels_BT.to_ints();
+    double all = 0;
+    for (int64_t i = 0; i < B * T; ++i)
+      if (y[static_cast<size_t>(i)] != ops::kIgnoreIndex) {
+        const double x = w.empty() ? 1.0 : w[static_cast<size_t>(i)];
+        share[static_cast<size_t>((i % T) / L)] += x, all += x;
+      }
+    for (double& x : share) x = all > 0 ? x / all : 0.0;
+  }
+  const Tensor& head = dec.weights().get(
+      dec.weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
+  const auto seg = [&](const Tensor& t, int64_t s) {
+    return ops::contiguous(ops::slice(t, 1, s * L, (s + 1) * L));
+  };
+  // Pass 1, no graph: the cache at every segment boundary.
+  std::vector<model::DecodeCache> at(static_cast<size_t>(S), dec.new_cache());
+  {
+    NoGradGuard ng;
+    model::DecodeCache c = dec.new_cache();
+    for (int64_t s = 0; s + 1 < S; ++s) {
+      dec.forward(seg(ids_BT, s), &c, {.logits = false});
+      at[static_cast<size_t>(s + 1)] = c;
+    }
+  }
+  // Pass 2, last segment first: the segment's loss plus <state out, dL/d state out> from the
+  // segment after it; the gradient reaching its state in goes to the segment before.
+  std::vector<Tensor> g_out;
+  double total = 0;
+  for (int64_t s = S - 1; s >= 0; --s) {
+    model::DecodeCache c = at[static_cast<size_t>(s)];
+    std::vector<Tensor> leaves;
+    for (Tensor* t : cache_tensors(c)) {
+      if (t->defined()) *t = t->detach().requires_grad_();
+      leaves.push_back(*t);
+    }
+    const model::ForwardOutput f =
+        dec.forward(seg(ids_BT, s), &c, {.logits = false, .recompute = recompute});
+    const Tensor wy = weights_BT.defined() ? ops::reshape(seg(weights_BT, s), {B * L}) : Tensor();
+    Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * L, d}), head,
+                                            ops::reshape(seg(labels_BT, s), {B * L}), 1024, wy);
+    if (f.admission_loss.defined()) loss = ops::add(loss, f.admission_loss);
+    loss = ops::mul(loss, share[static_cast<size_t>(s)]);
+    total += loss.item();
+    Tensor obj = ops::mul(loss, scale);
+    const std::vector<Tensor*> out = cache_tensors(c);
+    for (size_t k = 0; k < g_out.size(); ++k)
+      if (g_out[k].defined() && out[k]->defined() && out[k]->requires_grad())
+        obj = ops::add(obj, ops::sum(ops::mul(*out[k], g_out[k])));
+    obj.backward();
+    g_out.assign(leaves.size(), Tensor());
+    for (size_t k = 0; k < leaves.size(); ++k)
+      if (leaves[k].defined() && leaves[k].grad().defined()) g_out[k] = leaves[k].grad();
   }
   return total;
 }

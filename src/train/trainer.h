@@ -94,6 +94,16 @@ class Trainer {
   // replaces the tensors.
   static NamedParams optimizer_params(const model::Decoder& dec);
 
+  // The gradient of scale · sequence_loss(dec, ids, labels, segment_len, weights) accumulated into
+  // the parameters' gradients (exact, through the carried decode state) with the memory of one
+  // segment: a first pass without a graph keeps the cache at each segment boundary, then the
+  // segments run again last first, each back-propagating its loss plus the gradient its
+  // outgoing state received from the segment after it. About one extra forward. Returns the loss.
+  static double segmented_backward(const model::Decoder& dec, const Tensor& ids_BT,
+                                   const Tensor& labels_BT, int64_t segment_len,
+                                   const Tensor& weights_BT = Tensor(), double scale = 1.0,
+                                   bool recompute = false);
+
   static Tensor sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len = 0,
                               bool detach_state = false,
