@@ -20,6 +20,8 @@
 #include "core/error.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
+#include "ops/matmul.h"
+#include "ops/reduce.h"
 #include "ops/shape.h"
 #include "ops/softmax.h"
 #include "train/checkpoint.h"
@@ -122,8 +124,18 @@ RlRecipe RlRecipe::parse(std::string_view text, std::string_view source) {
   a.get("std_norm", r.advantage.std_norm);
   a.get("lambda_process", r.advantage.lambda_process);
   a.get("gamma_turn", r.advantage.gamma_turn);
+  a.get("estimator", r.estimator);
+  a.get("gae_gamma", r.gae_gamma);
+  a.get("gae_lambda", r.gae_lambda);
+  a.get("value_lr_scale", r.value_lr_scale);
+  a.get("value_clip", r.value_clip);
   a.finish();
   MYRIAD_CHECK(r.advantage.lambda_process >= 0, "advantage.lambda_process: must be >= 0");
+  one_of("advantage.estimator", r.estimator, {"group", "gae"});
+  MYRIAD_CHECK(r.gae_gamma > 0 && r.gae_gamma <= 1, "advantage.gae_gamma: must be in (0, 1]");
+  MYRIAD_CHECK(r.gae_lambda >= 0 && r.gae_lambda <= 1, "advantage.gae_lambda: must be in [0, 1]");
+  MYRIAD_CHECK(r.value_lr_scale > 0, "advantage.value_lr_scale: must be positive");
+  MYRIAD_CHECK(r.value_clip > 0, "advantage.value_clip: must be positive");
 
   Section l(subtable(root, "loss"), "loss.");
   l.get("ratio_level", r.loss.ratio_level);
@@ -215,10 +227,12 @@ RlRecipe RlRecipe::load(const std::string& path) {
 
 std::vector<std::vector<double>> token_logprobs(const model::Decoder& dec,
                                                 const std::vector<Trajectory>& batch,
-                                                int64_t micro_batch, std::vector<double>* entropy) {
+                                                int64_t micro_batch, std::vector<double>* entropy,
+                                                std::vector<std::vector<float>>* hidden) {
   NoGradGuard ng;
   std::vector<std::vector<double>> out(batch.size());
   if (entropy) entropy->assign(batch.size(), 0.0);
+  if (hidden) hidden->assign(batch.size(), {});
   for (size_t b0 = 0; b0 < batch.size(); b0 += static_cast<size_t>(micro_batch)) {
     const size_t b1 = std::min(batch.size(), b0 + static_cast<size_t>(micro_batch));
     size_t T = 0;
@@ -232,6 +246,15 @@ std::vector<std::vector<double>> token_logprobs(const model::Decoder& dec,
     const model::ForwardOutput f = dec.forward(x, nullptr, {.logits = true});
     const std::vector<double> lp = ops::log_softmax(f.logits_BTV, -1).to_doubles();
     const auto V = static_cast<size_t>(f.logits_BTV.size(-1));
+    if (hidden) {
+      const std::vector<double> h = f.normed_BTD.to_doubles();
+      const auto d = static_cast<size_t>(f.normed_BTD.size(-1));
+      for (size_t i = b0; i < b1; ++i) {
+        const size_t n = batch[i].tokens.size() * d;
+        const double* src = &h[(i - b0) * T * d];
+        (*hidden)[i].assign(src, src + n);
+      }
+    }
     for (size_t i = b0; i < b1; ++i) {
       const Trajectory& tr = batch[i];
       std::vector<double>& o = out[i];
@@ -422,6 +445,9 @@ struct RlTrainer::Impl {
   std::optional<data::Tokenizer> tok;
   std::optional<model::Decoder> dec, ref;
   std::optional<Optimizer> opt;
+  // PPO + GAE: the value head and its optimiser.
+  Tensor value_w, value_b;  // [1, d], [1]
+  std::optional<Optimizer> value_opt;
   std::unique_ptr<infer::Engine> engine;
   serve::ChatTemplate tmpl;
   std::optional<CheckpointManager> ckpt;
@@ -445,6 +471,14 @@ struct RlTrainer::Impl {
     dec->weights().requires_grad_(true);  // replaces the tensors: before the engine and optimiser
     opt.emplace(Trainer::optimizer_params(*dec), r.optimizer);
     if (r.loss.kl_beta > 0) ref.emplace(model::Decoder::load(r.init));
+    if (r.estimator == "gae") {
+      value_w = Tensor::zeros({1, dec->config().hidden_size}).requires_grad_();
+      value_b = Tensor::zeros({1}).requires_grad_();
+      OptimConfig vc = r.optimizer;
+      vc.matrix_optimizer = "adamw", vc.weight_decay = 0;
+      value_opt.emplace(NamedParams{{"value_head.weight", value_w}, {"value_head.bias", value_b}},
+                        vc);
+    }
     infer::EngineConfig ec;
     ec.max_batch = r.engine_batch;
     ec.prefix_cache_entries = 0;  // cached prefix states would outlive the weights they came from
@@ -488,6 +522,11 @@ struct RlTrainer::Impl {
     s.step = step;
     s.model = dec->weights().tensors();
     s.optimizer = opt->state_dict();
+    if (value_opt) {
+      s.optimizer["value/head.weight"] = value_w.detach().clone();
+      s.optimizer["value/head.bias"] = value_b.detach().clone();
+      for (const auto& [k, v] : value_opt->state_dict()) s.optimizer["value/opt/" + k] = v;
+    }
     s.rng_seed = r.seed;
     s.rng_offset = static_cast<uint64_t>(step);
     s.recipe = r.text;
@@ -517,7 +556,19 @@ struct RlTrainer::Impl {
       Tensor dst = dec->weights().get(dec->weights().canonical(name));
       dst.copy_(t);
     }
-    opt->load_state_dict(s.optimizer);
+    std::map<std::string, Tensor> actor, critic;
+    for (const auto& [k, v] : s.optimizer) {
+      if (k.rfind("value/opt/", 0) == 0)
+        critic[k.substr(10)] = v;
+      else if (k.rfind("value/", 0) != 0)
+        actor[k] = v;
+    }
+    opt->load_state_dict(actor);
+    if (value_opt) {
+      value_w.copy_(s.optimizer.at("value/head.weight"));
+      value_b.copy_(s.optimizer.at("value/head.bias"));
+      value_opt->load_state_dict(critic);
+    }
     step = s.step;
     last_saved = s.step;
     version = s.extra.at("version").get<uint64_t>();
@@ -608,6 +659,79 @@ struct RlTrainer::Impl {
     }
   }
 
+  // V(t) = w · h_{t-1} + b: the value of the state in which token t is chosen.
+  std::vector<double> values(const std::vector<float>& h, size_t T) const {
+    const std::vector<double> w = value_w.to_doubles();
+    const double b = value_b.item();
+    const size_t d = w.size();
+    std::vector<double> v(T, 0.0);
+    for (size_t t = 1; t < T; ++t) {
+      double acc = b;
+      for (size_t j = 0; j < d; ++j) acc += w[j] * static_cast<double>(h[(t - 1) * d + j]);
+      v[t] = acc;
+    }
+    return v;
+  }
+
+  // §7.5: GAE over each sample's mask-1 tokens, then whitened over the batch's mask-1 tokens.
+  void gae_advantages(const std::vector<rl::Sample>& samples,
+                      const std::vector<std::vector<float>>& hid,
+                      std::vector<std::vector<double>>& adv,
+                      std::vector<std::vector<double>>& v_old,
+                      std::vector<std::vector<double>>& returns) const {
+    double sum = 0, sq = 0, n = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      v_old.push_back(values(hid[i], samples[i].mask.size()));
+      rl::Sample s = samples[i];
+      s.mask[0] = 0;
+      const rl::Gae g = rl::gae(s, v_old.back(), r.gae_gamma, r.gae_lambda);
+      adv[i] = g.advantages;
+      returns.push_back(g.returns);
+      for (size_t t = 0; t < s.mask.size(); ++t)
+        if (s.mask[t]) sum += adv[i][t], sq += adv[i][t] * adv[i][t], n += 1;
+    }
+    if (n == 0) return;
+    const double mean = sum / n, sd = std::sqrt(std::max(0.0, sq / n - mean * mean)) + 1e-6;
+    for (size_t i = 0; i < samples.size(); ++i)
+      for (size_t t = 0; t < adv[i].size(); ++t)
+        adv[i][t] = samples[i].mask[t] && t > 0 ? (adv[i][t] - mean) / sd : 0.0;
+  }
+
+  // One critic step on the clipped value loss 0.5 max((V - R)^2, (V_clip - R)^2), mean over
+  // mask-1 tokens; the head sees the hidden states as fixed features. Returns the loss.
+  double critic_step(const std::vector<rl::Sample>& samples,
+                     const std::vector<std::vector<float>>& hid,
+                     const std::vector<std::vector<double>>& v_old,
+                     const std::vector<std::vector<double>>& returns) {
+    const auto d = static_cast<size_t>(dec->config().hidden_size);
+    std::vector<double> rows, coef;
+    double loss = 0, n = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const std::vector<double> v = values(hid[i], samples[i].mask.size());
+      for (size_t t = 1; t < samples[i].mask.size(); ++t) {
+        if (!samples[i].mask[t]) continue;
+        const double R = returns[i][t], vo = v_old[i][t];
+        const double vc = vo + std::clamp(v[t] - vo, -r.value_clip, r.value_clip);
+        const double a = (v[t] - R) * (v[t] - R), c = (vc - R) * (vc - R);
+        const bool inside = std::abs(v[t] - vo) < r.value_clip;
+        loss += 0.5 * std::max(a, c);
+        coef.push_back(a >= c ? v[t] - R : (inside ? vc - R : 0.0));
+        rows.insert(rows.end(), hid[i].begin() + static_cast<std::ptrdiff_t>((t - 1) * d),
+                    hid[i].begin() + static_cast<std::ptrdiff_t>(t * d));
+        n += 1;
+      }
+    }
+    if (n == 0) return 0;
+    for (double& c : coef) c /= n;
+    const auto N = static_cast<int64_t>(coef.size());
+    const Tensor H = Tensor::from_doubles(rows, {N, static_cast<int64_t>(d)});
+    const Tensor V = ops::linear(H, value_w, value_b);  // [N, 1]
+    value_opt->zero_grad();
+    ops::sum(ops::mul(ops::reshape(V, {N}), Tensor::from_doubles(coef, {N}))).backward();
+    value_opt->step(r.optimizer.lr * r.value_lr_scale);
+    return loss / n;
+  }
+
   // The training tasks of round `round` of step `s`: tasks_per_step groups of group_size.
   std::vector<agent::RolloutTask> tasks(int64_t s, int64_t round) const {
     std::vector<agent::RolloutTask> out;
@@ -662,8 +786,10 @@ struct RlTrainer::Impl {
           if (t.truncated && r.truncation == "mask") std::fill(s.mask.begin(), s.mask.end(), 0);
           group.push_back(std::move(s));
         }
-        const rl::GroupAdvantages ga = rl::group_advantages(group, r.advantage);
-        if (ga.all_equal || kept >= r.tasks_per_step) {
+        const bool gae = r.estimator == "gae";
+        const rl::GroupAdvantages ga =
+            gae ? rl::GroupAdvantages{} : rl::group_advantages(group, r.advantage);
+        if ((!gae && ga.all_equal) || kept >= r.tasks_per_step) {
           ++dropped;
           continue;
         }
@@ -671,7 +797,7 @@ struct RlTrainer::Impl {
         for (size_t i = 0; i < group.size(); ++i) {
           batch.push_back(std::move(got[g0 + i]));
           samples.push_back(std::move(group[i]));
-          adv.push_back(ga.A[i]);
+          adv.push_back(gae ? std::vector<double>() : ga.A[i]);
         }
       }
       if (!r.dynamic_sampling) break;
@@ -684,12 +810,15 @@ struct RlTrainer::Impl {
     rec.solved = n_all ? solved / n_all : 0;
     rec.groups_kept = kept, rec.groups_dropped = dropped;
     double entropy = 0, staleness = 0, loss_sum = 0, gn_sum = 0, clip_sum = 0, kl_sum = 0,
-           tis_sum = 0;
+           tis_sum = 0, value_loss = 0;
     const auto t1 = Clock::now();
     if (!batch.empty()) {
       std::vector<double> ent;
+      std::vector<std::vector<float>> hid;
       const std::vector<std::vector<double>> logp_old =
-          token_logprobs(*dec, batch, r.micro_batch, &ent);
+          token_logprobs(*dec, batch, r.micro_batch, &ent, r.estimator == "gae" ? &hid : nullptr);
+      std::vector<std::vector<double>> v_old, returns;
+      if (r.estimator == "gae") gae_advantages(samples, hid, adv, v_old, returns);
       for (double e : ent) entropy += e / static_cast<double>(ent.size());
       std::vector<std::vector<double>> logp_ref;
       if (ref) logp_ref = token_logprobs(*ref, batch, r.micro_batch);
@@ -744,6 +873,7 @@ struct RlTrainer::Impl {
         loss_sum += lr.loss, gn_sum += gn, clip_sum += lr.clip_fraction, kl_sum += lr.kl,
             tis_sum += lr.tis_mean;
       }
+      if (r.estimator == "gae") value_loss = critic_step(samples, hid, v_old, returns);
       if (updates > 0) {
         const auto u = static_cast<double>(updates);
         rec.loss = loss_sum / u, rec.grad_norm = gn_sum / u, rec.clip_fraction = clip_sum / u,
@@ -764,6 +894,7 @@ struct RlTrainer::Impl {
                {"rl/kl", rec.kl},
                {"rl/tis_mean", tis_sum},
                {"rl/entropy", entropy},
+               {"rl/value_loss", value_loss},
                {"rl/staleness", staleness},
                {"rl/groups_kept", static_cast<double>(kept)},
                {"rl/groups_dropped", static_cast<double>(dropped)},
@@ -810,6 +941,9 @@ RlTrainer::RlTrainer(RlRecipe recipe, std::string out_dir) : impl_(std::make_uni
 RlTrainer::~RlTrainer() = default;
 void RlTrainer::set_quiet(bool q) {
   impl_->quiet = q;
+}
+void RlTrainer::stop_after(int64_t s) {
+  impl_->stop_at = s;
 }
 const std::vector<RlStepRecord>& RlTrainer::history() const {
   return impl_->hist;

@@ -35,6 +35,11 @@ struct RlRecipe {
   agent::EpisodeLimits limits;
 
   rl::AdvantageConfig advantage;
+  // "group": critic-free group advantages (§7.3); "gae": PPO + GAE (§7.5) with a value head,
+  // Linear(d -> 1) on the final hidden state (not back-propagated into the trunk), trained at
+  // value_lr_scale x the actor's rate with the value clip; advantages whitened over the batch.
+  std::string estimator = "group";
+  double gae_gamma = 1.0, gae_lambda = 0.95, value_lr_scale = 10, value_clip = 0.5;
   rl::LossConfig loss;
   std::string truncation = "mask";  // "mask": out of the loss; "penalty": R = truncation_reward
   double truncation_reward = 0;
@@ -117,10 +122,12 @@ class RlTrainer {
 
 // The log-prob of every token of each trajectory under `dec` (index 0 gets NaN), one no-grad
 // forward per micro-batch of padded trajectories.
+// hidden (optional): each trajectory's final normed hidden states, [T * d] row-major.
 std::vector<std::vector<double>> token_logprobs(const model::Decoder& dec,
                                                 const std::vector<agent::Trajectory>& batch,
                                                 int64_t micro_batch,
-                                                std::vector<double>* entropy = nullptr);
+                                                std::vector<double>* entropy = nullptr,
+                                                std::vector<std::vector<float>>* hidden = nullptr);
 
 // Back-propagates Σ_t grad[i][t] · logp_θ(token t of trajectory i) (scaled by weight) into the
 // parameters' gradients, which then equal weight · dL/dθ for the loss whose per-token log-prob

@@ -301,6 +301,39 @@ TEST(Rl, ResumeAfterSigkillRepeatsRewardsAndWeights) {
   }
 }
 
+// PPO + GAE (§7.5): the value head's loss is logged each step, and its state (head and optimiser)
+// resumes exactly: the policy weights after a stop and resume equal an uninterrupted run's.
+TEST(Rl, GaeEstimatorLogsTheValueLossAndResumes) {
+  OneThread one;
+  const RlRecipe r = RlRecipe::parse(
+      rl_recipe(model_dir(), 3, "[advantage]\nestimator = \"gae\"\n[checkpoint]\nevery = 1\n"));
+  const fs::path full_dir = temp_dir("full");
+  RlTrainer full(r, full_dir.string());
+  full.set_quiet(true);
+  full.run();
+  const fs::path out = temp_dir("split");
+  {
+    RlTrainer a(r, out.string());
+    a.set_quiet(true);
+    a.stop_after(1);
+    a.run();
+  }
+  RlTrainer b(r, out.string());
+  b.set_quiet(true);
+  b.run(true);
+  ASSERT_EQ(b.history().size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(b.history()[i].weights_hash, full.history()[i].weights_hash) << "step " << i + 1;
+  std::ifstream m(full_dir / "metrics.jsonl");
+  std::vector<double> vl;
+  for (std::string line; std::getline(m, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("rl/value_loss")) vl.push_back(j["rl/value_loss"].get<double>());
+  }
+  ASSERT_EQ(vl.size(), 3u);
+  for (double x : vl) EXPECT_TRUE(std::isfinite(x) && x >= 0);
+}
+
 TEST(Rl, BadRecipesNameTheField) {
   const std::string init = model_dir().string();
   const auto error = [&](const std::string& extra, const std::string& from = "",
