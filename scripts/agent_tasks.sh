@@ -3,7 +3,8 @@
 # §8 (calculator, kv_lookup, gridworld), SFT from scratch on the scripted expert's traces, then RL
 # from the SFT model twice: with process rewards (λ_p = 0.5) and without (λ_p = 0, the contrast).
 # Every model is measured on the same 200 held-out tasks with 8 samples each (pass@1 with its 95%
-# interval, pass@8 with its Wilson interval, greedy pass@1). Tasks run in parallel, one thread
+# interval, pass@8 with its Wilson interval, greedy pass@1); the SFT row is the RL run's step-0
+# evaluation, so SFT and RL are measured with the same sampling seeds. Tasks run in parallel, one thread
 # each; a summary table goes to runs/agent/summary.md.
 #   scripts/agent_tasks.sh [TASK ...]     (default: all three; about 35 min on 2 cores)
 set -euo pipefail
@@ -24,8 +25,6 @@ one() {
   [ -f "$d-sft/model/model.safetensors" ] ||
     $myriad train "configs/recipes/agent/$t-sft.toml" --out "$d-sft" >"$d-sft.log" 2>&1
   echo "$t: SFT took $(( $(date +%s) - s )) s" >"$d-time.txt"
-  $myriad agent-eval "$d-sft/model" --env "$t" --tasks 200 --k 8 --json "$d-sft/eval.json" \
-    >"$d-sft-eval.log" 2>&1
   s=$(date +%s)
   sed "s#runs/agent/$t-sft/model#$d-sft/model#" "configs/recipes/agent/$t-rl.toml" >"$d-rl.toml"
   $myriad rl "$d-rl.toml" --out "$d-rl" >"$d-rl.log" 2>&1
@@ -33,6 +32,10 @@ one() {
   # The contrast: the same RL without process rewards.
   sed 's/^lambda_process = .*/lambda_process = 0.0/' "$d-rl.toml" >"$d-rl-noprocess.toml"
   $myriad rl "$d-rl-noprocess.toml" --out "$d-rl-noprocess" >"$d-rl-noprocess.log" 2>&1
+  if [ "$t" = calculator ]; then  # the PPO + GAE alternative
+    sed "s#runs/agent/$t-sft/model#$d-sft/model#" "configs/recipes/agent/$t-rl-gae.toml" >"$d-rl-gae.toml"
+    $myriad rl "$d-rl-gae.toml" --out "$d-rl-gae" >"$d-rl-gae.log" 2>&1
+  fi
 }
 
 for t in "${tasks[@]}"; do one "$t" & done
@@ -49,9 +52,11 @@ def row(t, label, e):
                 f"{e['greedy_pass@1']:.3f} | {e['mean_reward']:.3f} | {e['tool_call_rate']:.2f} | "
                 f"{e['tool_error_rate']:.2f} | {e['mean_turns']:.2f} |")
 for t in tasks:
-    row(t, "SFT", json.load(open(f"{out}/{t}-sft/eval.json")))
+    row(t, "SFT", json.load(open(f"{out}/{t}-rl/eval.json"))[0])
     row(t, "SFT + RL", json.load(open(f"{out}/{t}-rl/eval.json"))[-1])
     row(t, "SFT + RL, no process reward", json.load(open(f"{out}/{t}-rl-noprocess/eval.json"))[-1])
+    if t == "calculator":
+        row(t, "SFT + RL, PPO + GAE", json.load(open(f"{out}/{t}-rl-gae/eval.json"))[-1])
 open(f"{out}/summary.md", "w").write("\n".join(rows) + "\n")
 print("\n".join(rows))
 PY

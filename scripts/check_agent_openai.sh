@@ -15,7 +15,7 @@ server=
 if [ $# -ge 3 ]; then
   model=$1 env=$2 tasks=$3
 else
-  sed 's/^steps = .*/steps = 40/; s/^sft_examples = .*/sft_examples = 2000/' \
+  sed 's/^steps = .*/steps = 60/; s/^decay_steps = .*/decay_steps = 20/; s/^sft_examples = .*/sft_examples = 2000/' \
     configs/recipes/agent/calculator-sft.toml >"$work/sft.toml"
   $myriad train "$work/sft.toml" --out "$work/sft" >"$work/sft.log"
   model=$work/sft/model env=calculator tasks=12

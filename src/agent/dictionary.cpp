@@ -1,12 +1,14 @@
 // "dictionary": the chat task of the main job's post-training. The user asks "What does <word>
 // mean?" about a WordNet noun (read at run time from wordnet-base); the single assistant message
-// is the answer, scored against the first-sense gloss: R = the word-level F1 of answer and gloss,
-// solved when they match exactly (case and surrounding space aside). No tools. The pool is the
-// nouns whose first word is a single lowercase word (about 50K), split by a hash of the word: one
-// in ten is held out, so SFT on training seeds never sees the words evaluation asks. The expert
-// answers the gloss.
+// is the answer, scored against the gloss: R = the word-level F1 of answer and gloss, solved when
+// they match exactly (case and surrounding space aside). No tools. The pool is a fixed set of
+// 2000 nouns (a seeded draw among the synsets whose first word is one lowercase word of at most
+// 10 letters and whose gloss has at most 60 characters, one synset per word), small enough for a
+// tiny model to learn by heart; a hash of the word holds one in ten out, so SFT on training seeds
+// never sees the words held-out evaluation asks. The expert answers the gloss.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "agent/environment.h"
@@ -29,13 +31,21 @@ uint64_t fnv(const std::string& s) {
 // Training and held-out pools, each in file order.
 const std::vector<Entry>& pool(bool heldout) {
   static const std::pair<std::vector<Entry>, std::vector<Entry>> p = [] {
-    std::pair<std::vector<Entry>, std::vector<Entry>> out;
+    std::vector<Entry> all;
+    std::set<std::string> seen;
     for (const data::Synset& s : data::read_wordnet_data("/usr/share/wordnet/data.noun")) {
-      if (s.words.empty() || s.gloss.empty()) continue;
+      if (s.words.empty() || s.gloss.empty() || s.gloss.size() > 60) continue;
       const std::string& w = s.words.front();
-      if (!std::all_of(w.begin(), w.end(), [](char c) { return c >= 'a' && c <= 'z'; })) continue;
-      (fnv(w) % 10 == 0 ? out.second : out.first).push_back({w, s.gloss});
+      if (w.size() > 10 ||
+          !std::all_of(w.begin(), w.end(), [](char c) { return c >= 'a' && c <= 'z'; }))
+        continue;
+      if (seen.insert(w).second) all.push_back({w, s.gloss});
     }
+    data::Rng rng(0xd1c7);
+    rng.shuffle(all);
+    if (all.size() > 2000) all.resize(2000);
+    std::pair<std::vector<Entry>, std::vector<Entry>> out;
+    for (const Entry& e : all) (fnv(e.word) % 10 == 0 ? out.second : out.first).push_back(e);
     return out;
   }();
   return heldout ? p.second : p.first;

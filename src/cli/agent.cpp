@@ -46,6 +46,8 @@ void add_agent_commands(CLI::App& app, AgentArgs& a) {
   a.eval->add_option("--max-turn-tokens", a.max_new_tokens_per_turn, "tokens per assistant turn")
       ->check(CLI::PositiveNumber);
   a.eval->add_option("--seed", a.seed, "sampling seed");
+  a.eval->add_option("--split", a.split, "heldout (default) or train: which tasks")
+      ->check(CLI::IsMember({"heldout", "train"}));
   a.eval->add_option("--show", a.show, "print this many sampled episodes (tokens as text)");
   a.eval->add_option("--json", a.json_out, "also write the result as JSON to this file");
   a.step =
@@ -118,9 +120,9 @@ int agent_command(const AgentArgs& a) {
   lim.max_total_tokens = a.max_total_tokens;
   lim.max_new_tokens_per_turn = a.max_new_tokens_per_turn;
   std::vector<agent::Trajectory> samples;
-  const train::AgentEval ev =
-      train::evaluate_agent(engine, tok, serve::ChatTemplate::from_model_dir(a.model_dir), a.env,
-                            a.tasks, a.k, a.temperature, lim, a.seed, a.greedy, &samples);
+  const train::AgentEval ev = train::evaluate_agent(
+      engine, tok, serve::ChatTemplate::from_model_dir(a.model_dir), a.env, a.tasks, a.k,
+      a.temperature, lim, a.seed, a.greedy, &samples, a.split == "train");
   for (int64_t i = 0; i < a.show && i < static_cast<int64_t>(samples.size()); ++i) {
     const agent::Trajectory& t = samples[static_cast<size_t>(i * a.k)];
     std::printf("--- task %llu: R %.2f%s, turn rewards", static_cast<unsigned long long>(t.task_id),
@@ -130,12 +132,13 @@ int agent_command(const AgentArgs& a) {
     std::printf("%s\n%s\n", cut.c_str(), tok.decode(t.tokens).c_str());
   }
   std::printf(
-      "%s: %lld held-out tasks x %lld samples: pass@1 %.3f ± %.3f  pass@%lld %.3f [%.3f, %.3f]  "
+      "%s: %lld %s tasks x %lld samples: pass@1 %.3f ± %.3f  pass@%lld %.3f [%.3f, %.3f]  "
       "greedy pass@1 %.3f  mean reward %.3f  tool-call rate %.2f  tool-error rate %.2f  turns "
       "%.2f  response tokens %.1f\n",
-      a.env.c_str(), static_cast<long long>(a.tasks), static_cast<long long>(a.k), ev.pass1,
-      ev.pass1_ci, static_cast<long long>(a.k), ev.passk, ev.passk_lo, ev.passk_hi, ev.greedy,
-      ev.mean_reward, ev.tool_call_rate, ev.tool_error_rate, ev.mean_turns, ev.response_tokens);
+      a.env.c_str(), static_cast<long long>(a.tasks), a.split == "train" ? "training" : "held-out",
+      static_cast<long long>(a.k), ev.pass1, ev.pass1_ci, static_cast<long long>(a.k), ev.passk,
+      ev.passk_lo, ev.passk_hi, ev.greedy, ev.mean_reward, ev.tool_call_rate, ev.tool_error_rate,
+      ev.mean_turns, ev.response_tokens);
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out, std::ios::trunc);
     nlohmann::json j = ev.to_json();

@@ -15,7 +15,7 @@ struct AgentArgs {
   CLI::App* rl = nullptr;
   CLI::App* eval = nullptr;
   CLI::App* step = nullptr;
-  std::string recipe, out, model_dir, env, json_out, init;
+  std::string recipe, out, model_dir, env, json_out, init, split = "heldout";
   bool resume = false, greedy = true;
   int64_t tasks = 200, k = 8, show = 0, max_total_tokens = 256, max_new_tokens_per_turn = 64;
   double temperature = 1.0;

@@ -219,7 +219,8 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   r.schedule.total = r.total_steps();
   MYRIAD_CHECK(r.schedule.warmup < r.schedule.total, "schedule.warmup: ", r.schedule.warmup,
                " must be below the total steps ", r.schedule.total);
-  r.model(r.vocab_size);  // validates the model section now
+  // Validates the model section now (a recipe without one gets its model from --init).
+  if (!r.model_preset.empty() || !r.model_config.empty()) r.model(r.vocab_size);
   return r;
 }
 

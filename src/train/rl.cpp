@@ -197,10 +197,12 @@ RlRecipe RlRecipe::parse(std::string_view text, std::string_view source) {
   e.get("every", r.eval_every);
   e.get("tasks", r.eval_tasks);
   e.get("k", r.eval_k);
+  e.get("split", r.eval_split);
   e.finish();
   MYRIAD_CHECK(r.eval_every >= 0, "eval.every: must be >= 0 (0: only at the start and end)");
   e.check_positive("tasks", static_cast<double>(r.eval_tasks));
   e.check_positive("k", static_cast<double>(r.eval_k));
+  one_of("eval.split", r.eval_split, {"heldout", "train"});
 
   Section c(subtable(root, "checkpoint"), "checkpoint.");
   c.get("dir", r.checkpoint_dir);
@@ -365,14 +367,16 @@ json AgentEval::to_json() const {
 AgentEval evaluate_agent(infer::Engine& engine, const data::Tokenizer& tok,
                          const serve::ChatTemplate& tmpl, const std::string& env, int64_t tasks,
                          int64_t k, double temperature, const agent::EpisodeLimits& limits,
-                         uint64_t seed, bool greedy, std::vector<Trajectory>* samples) {
+                         uint64_t seed, bool greedy, std::vector<Trajectory>* samples,
+                         bool train_split) {
+  const uint64_t base = train_split ? 0 : agent::kHeldoutSeedBase;
   AgentEval ev;
   ev.env = env, ev.tasks = tasks, ev.k = k;
   std::vector<agent::RolloutTask> rt;
   for (int64_t i = 0; i < tasks; ++i)
     for (int64_t j = 0; j < k; ++j)
-      rt.push_back({env, agent::kHeldoutSeedBase + static_cast<uint64_t>(i),
-                    static_cast<uint64_t>(i), static_cast<uint64_t>(i)});
+      rt.push_back({env, base + static_cast<uint64_t>(i), static_cast<uint64_t>(i),
+                    static_cast<uint64_t>(i)});
   agent::RolloutConfig rc;
   rc.limits = limits, rc.temperature = temperature, rc.seed = mix(seed, 0xe7a1);
   const std::vector<Trajectory> all = agent::rollout(engine, tok, tmpl, rt, rc);
@@ -413,8 +417,8 @@ AgentEval evaluate_agent(infer::Engine& engine, const data::Tokenizer& tok,
   if (greedy) {
     std::vector<agent::RolloutTask> g;
     for (int64_t i = 0; i < tasks; ++i)
-      g.push_back({env, agent::kHeldoutSeedBase + static_cast<uint64_t>(i),
-                   static_cast<uint64_t>(i), static_cast<uint64_t>(i)});
+      g.push_back({env, base + static_cast<uint64_t>(i), static_cast<uint64_t>(i),
+                   static_cast<uint64_t>(i)});
     rc.temperature = 0;
     int64_t solved = 0;
     for (const Trajectory& t : agent::rollout(engine, tok, tmpl, g, rc)) {
@@ -601,7 +605,7 @@ struct RlTrainer::Impl {
       const auto t0 = Clock::now();
       std::vector<Trajectory> samples;
       AgentEval ev = evaluate_agent(*engine, *tok, tmpl, env, r.eval_tasks, r.eval_k, r.temperature,
-                                    r.limits, r.seed, true, &samples);
+                                    r.limits, r.seed, true, &samples, r.eval_split == "train");
       evs.push_back(ev);
       const std::string p = "eval/" + env + "/";
       log(step, {{p + "pass@1", ev.pass1},

@@ -62,6 +62,7 @@ struct RlRecipe {
 
   // [eval]
   int64_t eval_every = 10, eval_tasks = 200, eval_k = 8;
+  std::string eval_split = "heldout";  // or "train" (tasks the run may have trained on)
   // [checkpoint], [log]
   std::string checkpoint_dir = "checkpoints";
   int64_t checkpoint_every = 10;
@@ -72,7 +73,8 @@ struct RlRecipe {
   static RlRecipe load(const std::string& path);
 };
 
-// Held-out evaluation: `tasks` held-out tasks of env, k samples each at `temperature`.
+// Held-out evaluation: `tasks` held-out tasks of env (train_split: training tasks, seeds 0, 1,
+// ...), k samples each at `temperature`.
 struct AgentEval {
   std::string env;
   int64_t tasks = 0, k = 0;
@@ -89,7 +91,8 @@ AgentEval evaluate_agent(infer::Engine& engine, const data::Tokenizer& tok,
                          const serve::ChatTemplate& tmpl, const std::string& env, int64_t tasks,
                          int64_t k, double temperature, const agent::EpisodeLimits& limits,
                          uint64_t seed, bool greedy = true,
-                         std::vector<agent::Trajectory>* samples = nullptr);
+                         std::vector<agent::Trajectory>* samples = nullptr,
+                         bool train_split = false);
 
 struct RlStepRecord {
   int64_t step = 0;

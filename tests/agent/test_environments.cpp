@@ -236,7 +236,8 @@ TEST(AgentEnvironments, HeldoutAndTrainingTasksNeverCoincide) {
       shared += train.count(t) > 0;
     }
     EXPECT_EQ(shared, 0) << n;
-    EXPECT_GT(heldout.size(), 400u) << n;
+    // The dictionary's pool is 2000 words, about 200 of them held out.
+    EXPECT_GT(heldout.size(), n == "dictionary" ? 150u : 400u) << n;
   }
 }
 
