@@ -277,6 +277,22 @@ TEST(Engine, GreedyEqualsGenerateGreedyWithAndWithoutAdmissionGate) {
   }
 }
 
+// A stop token ends the request like EOS: "stop", with the token as the last one returned (the
+// agent rollouts stop each turn on the template's end marker this way).
+TEST(Engine, StopTokensEndTheRequest) {
+  Engine e(tiny_model(), tok(), small_config());
+  const auto p = prompt_of(12, 5);
+  const auto all = e.generate(greedy(p, 8));
+  ASSERT_EQ(all.tokens.size(), 8u);
+  Request r = greedy(p, 8);
+  r.params.stop_tokens = {all.tokens[3]};
+  const auto stopped = e.generate(r);
+  const auto first = std::find(all.tokens.begin(), all.tokens.end(), all.tokens[3]);
+  const auto n = static_cast<size_t>(first - all.tokens.begin()) + 1;
+  EXPECT_EQ(stopped.finish_reason, "stop");
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(all.tokens.begin(), all.tokens.begin() + n));
+}
+
 TEST(Engine, SegmentedPrefillEqualsOnePass) {
   const Decoder& m = tiny_model();
   const auto prompt = prompt_of(40, 2);
