@@ -2,8 +2,10 @@
 # The main job: install, build, check every op against its reference, train the tiny K3-style
 # model (3:1 KDA:MLA, MoE with Quantile Balancing, SiTU, AttnRes) on the built-in text (WordNet +
 # GCIDE read at run time) through the CPU context curriculum 256 -> 1K -> 4K -> 16K with its
-# stage-end long-context evals, run the same model without balancing for contrast, then talk to
-# the trained model: a generation, and a chat request through the OpenAI-compatible server.
+# stage-end long-context evals, run the same model without balancing for contrast, post-train it
+# (chat SFT on WordNet dictionary dialogues and calculator tool-use traces, then a few steps of
+# agentic RL on the calculator task; held-out numbers before and after), then talk to it: a
+# generation, and a chat request through the OpenAI-compatible server.
 # Finally size the K3 flagship and benchmark GEMM and element-wise bandwidth.
 # Everything lands in runs/tiny-curriculum-<time>/ (report.html, metrics.jsonl, TensorBoard
 # events, checkpoints, model/).
@@ -28,10 +30,33 @@ $myriad report "$run" --contrast "$run/nobalancer" --contrast-label "no balancin
 echo "training and evals took $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"
 echo "run report: $run/report.html (TensorBoard event files alongside)"
 
+# Post-training: chat SFT from the pretrained model on dictionary dialogues, then RL on them (F1
+# reward). Dictionary questions on training and held-out words before (the pretrained model,
+# asked through the default chat template) and after.
+post=$(date +%s)
+for split in train heldout; do
+  $myriad agent-eval "$run/model" --env dictionary --split $split --tasks 100 --k 1 \
+    --json "$run/eval-dictionary-$split-base.json" | sed 's/^/before post-training: /'
+done
+$myriad train configs/recipes/tiny-posttrain-sft.toml --init "$run/model" --out "$run/sft" |
+  grep -v '^\[' || true
+$myriad rl configs/recipes/tiny-posttrain-rl.toml --init "$run/sft/model" --out "$run/rl" |
+  grep -v '^\[rl\]' || true
+for split in train heldout; do
+  for m in sft rl; do
+    label="after SFT"
+    [ $m = rl ] && label="after SFT + RL"
+    $myriad agent-eval "$run/$m/model" --env dictionary --split $split --tasks 100 --k 4 \
+      --json "$run/eval-dictionary-$split-$m.json" | sed "s/^/$label: /"
+  done
+done
+echo "post-training took $(( ($(date +%s) - post) / 60 )) min $(( ($(date +%s) - post) % 60 )) s"
+echo "post-trained model: $run/rl/model (RL report: $run/rl/report.html)"
+
 # Talk to it: one generation, then the OpenAI-compatible server with one chat request.
 $myriad generate "$run/model" --prompt "The meaning of the word" --max-tokens 32 --temperature 0
 port=${MYRIAD_PORT:-8765}
-$myriad serve "$run/model" --port "$port" >"$run/serve.log" 2>&1 &
+$myriad serve "$run/rl/model" --port "$port" >"$run/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 100); do
@@ -40,13 +65,13 @@ for _ in $(seq 100); do
 done
 echo "POST /v1/chat/completions:"
 curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
-  -d '{"model": "model", "messages": [{"role": "user", "content": "What is a river?"}],
-       "max_tokens": 32, "temperature": 0}'
+  -d '{"model": "model", "messages": [{"role": "user", "content": "What does skit mean?"}],
+       "max_tokens": 48, "temperature": 0}'
 echo
 kill -TERM $server && wait $server || true
 trap - EXIT
-echo "chat with it:  $myriad chat $run/model"
-echo "serve it:      $myriad serve $run/model --port 8000   (OpenAI API at http://127.0.0.1:8000/v1)"
+echo "chat with it:  $myriad chat $run/rl/model"
+echo "serve it:      $myriad serve $run/rl/model --port 8000   (OpenAI API at http://127.0.0.1:8000/v1)"
 
 build/release/bench_gemm
 build/release/bench_elementwise

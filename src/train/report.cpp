@@ -633,6 +633,74 @@ std::string RunReport::html() const {
     o << line_plot("Throughput", "tokens/s", {{"tokens/s", tps}}, marks);
   o << "</div>\n";
 
+  // Agentic RL (train/rl.h): held-out pass rates per environment, then the per-step statistics
+  // of the rollouts and the update; the contrast run's main curves alongside.
+  if (std::any_of(series_.begin(), series_.end(),
+                  [](const auto& kv) { return kv.first.rfind("rl/", 0) == 0; })) {
+    auto getc = [&](const std::string& k) {
+      return contrast_.count(k) ? contrast_.at(k) : Series{};
+    };
+    auto lines = [&](std::vector<std::pair<std::string, std::string>> keys, bool contrast) {
+      std::vector<Line> l;
+      for (const auto& [k, name] : keys) {
+        const Series v = get(k.c_str());
+        if (v.empty()) continue;
+        l.push_back({name, v});
+        if (contrast && !contrast_label_.empty() && !getc(k).empty())
+          l.push_back({name + ", " + contrast_label_, getc(k)});
+      }
+      return l;
+    };
+    std::vector<std::string> envs;
+    for (const auto& [k, v] : series_)
+      if (k.rfind("eval/", 0) == 0 && has(k, "/pass@1") && !has(k, "greedy"))
+        envs.push_back(k.substr(5, k.find('/', 5) - 5));
+    o << "<h2 style=\"margin-top:16px\">Agentic RL</h2>\n<div class=\"grid\">\n";
+    for (const std::string& e : envs) {
+      std::vector<std::pair<std::string, std::string>> keys = {
+          {"eval/" + e + "/pass@1", "pass@1"}, {"eval/" + e + "/greedy_pass@1", "greedy pass@1"}};
+      for (const auto& [k, v] : series_)
+        if (k.rfind("eval/" + e + "/pass@", 0) == 0 && k != "eval/" + e + "/pass@1")
+          keys.push_back({k, k.substr(k.rfind('/') + 1)});
+      o << line_plot("Held-out " + e + ": pass rates", "rate", lines(keys, true), marks);
+      o << "<p class=\"losses\"><a href=\"trajectories-" << esc(e)
+        << ".html\">rendered held-out episodes of the last evaluation</a></p>";
+    }
+    o << line_plot("Training rollouts: reward and solved rate", "rate",
+                   lines({{"rl/mean_reward", "mean reward"}, {"rl/solved", "solved"}}, true),
+                   marks);
+    o << line_plot("Tool calls (episodes with one) and tool errors (per call)", "rate",
+                   lines({{"rl/tool_call_rate", "tool-call rate"},
+                          {"rl/tool_error_rate", "tool-error rate"},
+                          {"rl/truncated", "truncated"}},
+                         false),
+                   marks);
+    o << line_plot(
+        "Turns and response length", "per episode",
+        lines({{"rl/mean_turns", "assistant turns"}, {"rl/response_tokens", "policy tokens"}},
+              false),
+        marks);
+    o << line_plot("Policy entropy (mean over sampled tokens)", "nats",
+                   lines({{"rl/entropy", "entropy"}}, true), marks);
+    o << line_plot("Clip fraction, KL (k3), importance weight, staleness", "value",
+                   lines({{"rl/clip_fraction", "clip fraction"},
+                          {"rl/kl", "KL"},
+                          {"rl/tis_mean", "mean importance weight"},
+                          {"rl/staleness", "staleness (policy versions)"}},
+                         false),
+                   marks);
+    o << line_plot("Policy loss, gradient norm, value loss", "value",
+                   lines({{"rl/loss", "policy loss"},
+                          {"rl/grad_norm", "gradient norm"},
+                          {"rl/value_loss", "value loss (GAE)"}},
+                         false),
+                   marks);
+    o << line_plot("Groups per step (all-equal ones dropped)", "groups",
+                   lines({{"rl/groups_kept", "kept"}, {"rl/groups_dropped", "dropped"}}, false),
+                   marks);
+    o << "</div>\n";
+  }
+
   // Accuracy against context length, one curve per stage, for each task; and the effective
   // length (TRAINING.md §6) against the training tokens at each stage end.
   if (!grids_.empty()) {
