@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds the release preset (CUDA backend included when
 # nvcc is present; its tests run when a GPU is visible and print as skipped otherwise), runs every
-# test, then rebuilds CPU-only with AddressSanitizer + UBSan and runs the tests again.
+# test (with the official openai client against the server: chat, and an agent's tool-call loop),
+# then rebuilds CPU-only with AddressSanitizer + UBSan and runs the tests again.
 # Last, the fuzz targets for the untrusted-input parsers run for a bounded time
 # (MYRIAD_FUZZ_SECONDS per target, default 30 here). MYRIAD_SKIP_ASAN=1 skips the sanitizer pass;
 # a ThreadSanitizer build runs the engine and server tests (MYRIAD_SKIP_TSAN=1 skips it).
@@ -25,6 +26,10 @@ MYRIAD_TB_CHECK_PYTHON=python3 build/release/test_train --gtest_filter='Events.*
 echo "== the official openai Python client against myriad serve =="
 # openai_client_check.py installs the openai package into tools/reference/.venv when needed.
 MYRIAD_OPENAI_CHECK_PYTHON=python3 build/release/test_serve --gtest_filter='Server.OfficialOpenAIClient'
+
+echo "== an agent through the openai client: tools, tool_calls, tool messages, scored by the RL evaluator =="
+# A briefly SFT-trained calculator model; the client's greedy episodes must equal the engine's.
+scripts/check_agent_openai.sh
 
 echo "== planner memory prediction vs measured training peaks (within 15%) =="
 scripts/check_plan_memory.sh
