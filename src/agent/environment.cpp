@@ -51,4 +51,23 @@ std::string tool_call_text(const std::string& name, const nlohmann::json& argume
   return serve::format_tool_call(serve::ToolCall{"", name, arguments.dump()});
 }
 
+std::string trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string_view::npos) return {};
+  return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
+}
+
+bool heldout_task(std::string_view task, uint64_t one_in) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : task) h = (h ^ c) * 0x100000001b3ull;
+  return data::Rng(h).next() % one_in == 0;
+}
+
+uint64_t mix_seed(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 }  // namespace myriad::agent

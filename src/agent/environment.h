@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "data/corpus.h"  // data::Rng
@@ -65,6 +66,14 @@ bool register_environment(const std::string& name, EnvironmentFactory f);
 #define MYRIAD_REGISTER_ENVIRONMENT(NAME, CLASS)                     \
   [[maybe_unused]] static const bool myriad_env_registered_##CLASS = \
       ::myriad::agent::register_environment(NAME, [] { return std::make_unique<CLASS>(); })
+
+// Helpers the environments share.
+std::string trim(std::string_view s);  // without surrounding spaces, tabs and newlines
+// Which split a task belongs to, from a hash of its text: 1 in `one_in` tasks is held out.
+// Environments redraw a seed's task until it lands in the seed's split, so the two never meet.
+bool heldout_task(std::string_view task, uint64_t one_in = 8);
+// A seed derived from two numbers (SplitMix64 of their combination).
+uint64_t mix_seed(uint64_t a, uint64_t b);
 
 // A tool call in the server's format: <tool_call>{"name": N, "arguments": A}</tool_call>.
 std::string tool_call_text(const std::string& name, const nlohmann::json& arguments);

@@ -20,19 +20,6 @@ constexpr int kSide = 5, kCells = kSide * kSide;
 constexpr std::array<char, 4> kActions = {'U', 'D', 'L', 'R'};
 constexpr std::array<int, 4> kDr = {-1, 1, 0, 0}, kDc = {0, 0, -1, 1};
 
-std::string trim(std::string_view s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return {};
-  return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
-}
-
-// Which split a task belongs to, from a hash of its text: 1 in 8 tasks is held out.
-bool heldout_task(std::string_view task) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : task) h = (h ^ c) * 0x100000001b3ull;
-  return data::Rng(h).next() % 8 == 0;
-}
-
 class Gridworld final : public Environment {
  public:
   std::string name() const override { return "gridworld"; }

@@ -22,19 +22,6 @@ using json = nlohmann::json;
 
 constexpr int kTableSize = 32, kKeySpace = 100, kMaxHops = 4;
 
-std::string trim(std::string_view s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string_view::npos) return {};
-  return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
-}
-
-// Which split a task belongs to, from a hash of its text: 1 in 8 tasks is held out.
-bool heldout_task(std::string_view task) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : task) h = (h ^ c) * 0x100000001b3ull;
-  return data::Rng(h).next() % 8 == 0;
-}
-
 std::string key_name(int k) {
   std::string s = "K";  // (not "K" + to_string: GCC 12 warns falsely about that)
   return s += std::to_string(k);

@@ -11,13 +11,6 @@
 namespace myriad::agent {
 namespace {
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // What the engine thread hands back for one turn.
 struct TurnResult {
   size_t episode = 0;
@@ -47,7 +40,7 @@ std::vector<Trajectory> rollout(infer::Engine& engine, const data::Tokenizer& to
     rq.params.max_tokens = ep.turn_budget();
     rq.params.stop_tokens = {ep.end_token()};
     rq.params.top_logprobs = 0;
-    rq.params.seed = mix(mix(cfg.seed, i), static_cast<uint64_t>(turn[i]));
+    rq.params.seed = mix_seed(mix_seed(cfg.seed, i), static_cast<uint64_t>(turn[i]));
     {
       std::lock_guard lk(mu);
       partial[i] = TurnResult{i, {}, {}, ""};

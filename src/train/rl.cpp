@@ -39,12 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+using agent::mix_seed;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -378,7 +373,7 @@ AgentEval evaluate_agent(infer::Engine& engine, const data::Tokenizer& tok,
       rt.push_back({env, base + static_cast<uint64_t>(i), static_cast<uint64_t>(i),
                     static_cast<uint64_t>(i)});
   agent::RolloutConfig rc;
-  rc.limits = limits, rc.temperature = temperature, rc.seed = mix(seed, 0xe7a1);
+  rc.limits = limits, rc.temperature = temperature, rc.seed = mix_seed(seed, 0xe7a1);
   const std::vector<Trajectory> all = agent::rollout(engine, tok, tmpl, rt, rc);
   double p1 = 0, p1sq = 0, calls = 0, errors = 0, episodes_with_call = 0;
   int64_t any_n = 0;
@@ -740,8 +735,8 @@ struct RlTrainer::Impl {
   std::vector<agent::RolloutTask> tasks(int64_t s, int64_t round) const {
     std::vector<agent::RolloutTask> out;
     for (int64_t g = 0; g < r.tasks_per_step; ++g) {
-      const uint64_t id = mix(mix(r.seed, static_cast<uint64_t>(s)),
-                              static_cast<uint64_t>(round * r.tasks_per_step + g)) >>
+      const uint64_t id = mix_seed(mix_seed(r.seed, static_cast<uint64_t>(s)),
+                                   static_cast<uint64_t>(round * r.tasks_per_step + g)) >>
                           1;  // below 2^63: the training split
       const std::string& env = r.envs[static_cast<size_t>(g) % r.envs.size()];
       for (int64_t j = 0; j < r.group_size; ++j)
@@ -762,7 +757,8 @@ struct RlTrainer::Impl {
       ++rounds;
       agent::RolloutConfig rc;
       rc.limits = r.limits, rc.temperature = r.temperature;
-      rc.seed = mix(mix(r.seed, static_cast<uint64_t>(step)), static_cast<uint64_t>(round));
+      rc.seed =
+          mix_seed(mix_seed(r.seed, static_cast<uint64_t>(step)), static_cast<uint64_t>(round));
       rc.policy_version = version;
       std::vector<Trajectory> got = agent::rollout(*engine, *tok, tmpl, tasks(step, round), rc);
       std::ofstream log_f(out / "rollouts" / ("step-" + std::to_string(step + 1) + ".jsonl"),
