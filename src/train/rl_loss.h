@@ -15,15 +15,15 @@ namespace myriad::train::rl {
 
 // One sample as the loss sees it; all vectors have the sample's token count T.
 struct Sample {
-  std::vector<uint8_t> mask;             // 1: sampled by the policy (trainable)
-  std::vector<int32_t> turn;             // assistant turn index of each mask-1 token (-1 elsewhere)
-  std::vector<double> r_turn;            // process reward per assistant turn
-  double R = 0;                          // terminal reward
+  std::vector<uint8_t> mask;   // 1: sampled by the policy (trainable)
+  std::vector<int32_t> turn;   // assistant turn index of each mask-1 token (-1 elsewhere)
+  std::vector<double> r_turn;  // process reward per assistant turn
+  double R = 0;                // terminal reward
   bool truncated = false;
 };
 
 struct AdvantageConfig {
-  bool std_norm = true;       // divide by the group std (off: Dr. GRPO)
+  bool std_norm = true;         // divide by the group std (off: Dr. GRPO)
   double lambda_process = 0.5;  // λ_p; 0 turns process rewards off
   double gamma_turn = 1.0;
   double eps = 1e-6;
@@ -51,7 +51,7 @@ Gae gae(const Sample& s, const std::vector<double>& values, double gamma, double
         double bootstrap = 0);
 
 struct LossConfig {
-  std::string ratio_level = "token";  // "token" or "sequence" (GSPO)
+  std::string ratio_level = "token";      // "token" or "sequence" (GSPO)
   double eps_low = 0.2, eps_high = 0.28;  // clip range (GSPO: e.g. 3e-4 / 4e-4)
   double dual_clip = 0;                   // c > 1 enables the dual clip for A < 0; 0: off
   double tis_cap = 0;                     // C > 0 enables truncated importance weights
