@@ -87,25 +87,8 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   MYRIAD_CHECK(r.heldout_fraction > 0 && r.heldout_fraction < 1,
                "data.heldout_fraction: must be in (0, 1), got ", r.heldout_fraction);
 
-  Section o(subtable(root, "optimizer"), "optimizer.");
-  OptimConfig& oc = r.optimizer;
-  oc.lr = 1e-3;
-  o.get("matrix_optimizer", oc.matrix_optimizer);
-  o.get("lr", oc.lr);
-  o.get("weight_decay", oc.weight_decay);
-  o.get("beta1", oc.beta1);
-  o.get("beta2", oc.beta2);
-  o.get("eps", oc.eps);
-  o.get("momentum", oc.momentum);
-  o.get("nesterov", oc.nesterov);
-  o.get("per_head", oc.per_head);
-  o.get("clip_norm", oc.clip_norm);
-  o.get("qk_clip_tau", oc.qk_clip_tau);
-  o.finish();
-  one_of("optimizer.matrix_optimizer", oc.matrix_optimizer, {"muon", "adamw"});
-  o.check_positive("lr", oc.lr);
-  MYRIAD_CHECK(oc.beta1 >= 0 && oc.beta1 < 1, "optimizer.beta1: must be in [0, 1)");
-  MYRIAD_CHECK(oc.beta2 >= 0 && oc.beta2 < 1, "optimizer.beta2: must be in [0, 1)");
+  r.optimizer.lr = 1e-3;
+  read_optimizer(root, r.optimizer);
 
   Section s(subtable(root, "schedule"), "schedule.");
   s.get("kind", r.schedule.kind);

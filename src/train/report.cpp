@@ -14,9 +14,8 @@
 #include "core/error.h"
 
 namespace myriad::train {
-namespace {
 
-std::string esc(const std::string& s) {
+std::string html_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
     switch (c) {
@@ -39,6 +38,8 @@ std::string esc(const std::string& s) {
   return o;
 }
 
+namespace {
+
 // SVG coordinates: one decimal.
 std::string num(double v) {
   char b[32];
@@ -55,7 +56,7 @@ using Series = std::vector<std::pair<int64_t, double>>;
 std::string text(double x, double y, const std::string& s, const char* anchor = "start",
                  const std::string& extra = "") {
   return "<text x=\"" + num(x) + "\" y=\"" + num(y) + "\" text-anchor=\"" + anchor + "\"" +
-         (extra.empty() ? "" : " " + extra) + ">" + esc(s) + "</text>";
+         (extra.empty() ? "" : " " + extra) + ">" + html_escape(s) + "</text>";
 }
 std::string rect(double x, double y, double w, double h, const std::string& style) {
   return "<rect x=\"" + num(x) + "\" y=\"" + num(y) + "\" width=\"" + num(w) + "\" height=\"" +
@@ -121,7 +122,7 @@ std::string legend(const std::vector<Line>& lines) {
   for (size_t i = 0; i < lines.size(); ++i)
     o += std::string("<span><i style=\"background:") + kColors[i % 8] +
          (lines[i].dots ? ";border-radius:50%;width:8px;height:8px" : "") + "\"></i>" +
-         esc(lines[i].name) + "</span>";
+         html_escape(lines[i].name) + "</span>";
   return o + "</div>";
 }
 
@@ -155,7 +156,7 @@ std::string line_plot(const std::string& title, const std::string& ylabel,
   if (x0 > x1) return "";  // no data
   if (std::isfinite(ax.y0)) y0 = std::min(y0, fy(ax.y0));
   if (std::isfinite(ax.y1)) y1 = std::max(y1, fy(ax.y1));
-  std::string o = "<div class=\"card\"><h2>" + esc(title) + "</h2>";
+  std::string o = "<div class=\"card\"><h2>" + html_escape(title) + "</h2>";
   if (lines.size() > 1) o += legend(lines);
   o += svg_open("plot", W, H);
   for (const auto& s : stages) x0 = std::min(x0, s.x);
@@ -502,7 +503,7 @@ std::string RunReport::html() const {
   o << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>Myriad run "
        "report</title><style>"
     << kStyle << "</style></head><body>\n<h1>Myriad run report</h1>\n<p class=\"path\">"
-    << esc(dir_) << "</p>\n";
+    << html_escape(dir_) << "</p>\n";
 
   // Summary line.
   {
@@ -543,9 +544,9 @@ std::string RunReport::html() const {
         const double hl = r.contains("heldout_loss") && r["heldout_loss"].is_number()
                               ? r["heldout_loss"].get<double>()
                               : NAN;
-        o << (k ? " &nbsp;·&nbsp; " : "") << "<b>" << esc(r["stage"].get<std::string>()) << "</b>"
-          << (len.count(i) ? " (" + format_length(len[i]) + ")" : "") << " " << format_number(hl)
-          << " / " << format_number(tl);
+        o << (k ? " &nbsp;·&nbsp; " : "") << "<b>" << html_escape(r["stage"].get<std::string>())
+          << "</b>" << (len.count(i) ? " (" + format_length(len[i]) + ")" : "") << " "
+          << format_number(hl) << " / " << format_number(tl);
       }
       o << "</div>\n";
     }
@@ -564,9 +565,9 @@ std::string RunReport::html() const {
         gate = r["gate"].get<bool>() ? "<span class=\"pass\">✓ pass</span>"
                                      : "<span class=\"fail\">✗ fail</span>";
         for (const auto& why : r.value("gate_reasons", nlohmann::json::array()))
-          gate += "<div class=\"why\">" + esc(why.get<std::string>()) + "</div>";
+          gate += "<div class=\"why\">" + html_escape(why.get<std::string>()) + "</div>";
       }
-      o << "<tr><td>" << esc(r["stage"].get<std::string>()) << "</td><td>"
+      o << "<tr><td>" << html_escape(r["stage"].get<std::string>()) << "</td><td>"
         << cell(r, "seq_len", [](double v) { return format_length(static_cast<int64_t>(v)); })
         << "</td><td>" << cell(r, "step", format_number) << "</td><td>"
         << cell(r, "tokens", format_count) << "</td><td>" << cell(r, "heldout_loss", format_number)
@@ -663,7 +664,7 @@ std::string RunReport::html() const {
         if (k.rfind("eval/" + e + "/pass@", 0) == 0 && k != "eval/" + e + "/pass@1")
           keys.push_back({k, k.substr(k.rfind('/') + 1)});
       o << line_plot("Held-out " + e + ": pass rates", "rate", lines(keys, true), marks);
-      o << "<p class=\"losses\"><a href=\"trajectories-" << esc(e)
+      o << "<p class=\"losses\"><a href=\"trajectories-" << html_escape(e)
         << ".html\">rendered held-out episodes of the last evaluation</a></p>";
     }
     o << line_plot("Training rollouts: reward and solved rate", "rate",
@@ -749,7 +750,7 @@ std::string RunReport::html() const {
     for (const Grid& g : grids_)
       if (std::find(order.begin(), order.end(), g.stage) == order.end()) order.push_back(g.stage);
     for (const std::string& st : order) {
-      std::string head = "Stage " + esc(st);
+      std::string head = "Stage " + html_escape(st);
       for (const auto& r : rows)
         if (r["stage"] == st) {
           if (r.contains("seq_len"))
@@ -765,8 +766,8 @@ std::string RunReport::html() const {
         const double cw = g.depths.empty() ? 84 : 54, ch = 24, L = 62, T = 34;
         const double W = L + cw * static_cast<double>(nd) + 6,
                      H = T + ch * static_cast<double>(g.lengths.size()) + 6;
-        o << "<div class=\"card\"><h2>" << esc(g.task) << " accuracy, stage " << esc(g.stage)
-          << "</h2>" << svg_open("evalgrid", W, H);
+        o << "<div class=\"card\"><h2>" << html_escape(g.task) << " accuracy, stage "
+          << html_escape(g.stage) << "</h2>" << svg_open("evalgrid", W, H);
         o << text(L + cw * nd / 2, 11, g.depths.empty() ? "random depth" : "needle depth", "middle",
                   "class=\"axis\"");
         o << text(0, 0, "length", "middle",
@@ -976,8 +977,8 @@ std::string write_comparison(const std::vector<std::pair<std::string, std::strin
   }
   fs::create_directories(out_dir);
   std::ostringstream h;
-  h << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>" << esc(title)
-    << "</title><style>" << kStyle << "</style></head><body>\n<h1>" << esc(title)
+  h << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"/><title>" << html_escape(title)
+    << "</title><style>" << kStyle << "</style></head><body>\n<h1>" << html_escape(title)
     << "</h1>\n<div class=\"grid\">\n";
   for (const auto& [t, l] : acc_lines)
     h << line_plot(t + " accuracy against context length", "accuracy", l, {}, false,
@@ -985,7 +986,7 @@ std::string write_comparison(const std::vector<std::pair<std::string, std::strin
   if (!loss_lines.empty())
     h << line_plot("Held-out loss against context length", "loss", loss_lines, {}, false,
                    XAxis{"context length (tokens)", true, NAN, NAN, true});
-  h << "</div>\n<pre>" << esc(md.str()) << "</pre>\n</body></html>\n";
+  h << "</div>\n<pre>" << html_escape(md.str()) << "</pre>\n</body></html>\n";
   std::ofstream(fs::path(out_dir) / "compare.html") << h.str();
   std::ofstream(fs::path(out_dir) / "compare.md") << md.str();
   return md.str();

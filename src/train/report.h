@@ -16,6 +16,9 @@
 
 namespace myriad::train {
 
+// Text made safe inside HTML (&, <, > and quotes escaped).
+std::string html_escape(const std::string& s);
+
 // Number formatting of the report (exposed for tests).
 // Token lengths in binary units: 16384 -> "16K", 1048576 -> "1M", 1536 -> "1.5K", 300 -> "300".
 std::string format_length(int64_t tokens);

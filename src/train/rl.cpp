@@ -45,19 +45,20 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<')
-      o += "&lt;";
-    else if (c == '>')
-      o += "&gt;";
-    else if (c == '&')
-      o += "&amp;";
-    else
-      o += c;
-  }
-  return o;
+// The longest trajectory of batch[b0, b1).
+size_t longest(const std::vector<Trajectory>& batch, size_t b0, size_t b1) {
+  size_t T = 0;
+  for (size_t i = b0; i < b1; ++i) T = std::max(T, batch[i].tokens.size());
+  return T;
+}
+
+// batch[b0, b1) as [b1 - b0, T] token ids, padded with <pad>.
+std::vector<int64_t> padded_ids(const std::vector<Trajectory>& batch, size_t b0, size_t b1,
+                                size_t T) {
+  std::vector<int64_t> ids((b1 - b0) * T, 3);
+  for (size_t i = b0; i < b1; ++i)
+    std::copy(batch[i].tokens.begin(), batch[i].tokens.end(), ids.begin() + (i - b0) * T);
+  return ids;
 }
 
 }  // namespace
@@ -159,17 +160,7 @@ RlRecipe RlRecipe::parse(std::string_view text, std::string_view source) {
   MYRIAD_CHECK(r.loss.kl_beta >= 0, "loss.kl_beta: must be >= 0");
   MYRIAD_CHECK(r.max_staleness >= 0, "loss.max_staleness: must be >= 0");
 
-  Section o(subtable(root, "optimizer"), "optimizer.");
-  OptimConfig& oc = r.optimizer;
-  o.get("matrix_optimizer", oc.matrix_optimizer);
-  o.get("lr", oc.lr);
-  o.get("weight_decay", oc.weight_decay);
-  o.get("beta1", oc.beta1);
-  o.get("beta2", oc.beta2);
-  o.get("clip_norm", oc.clip_norm);
-  o.finish();
-  one_of("optimizer.matrix_optimizer", oc.matrix_optimizer, {"muon", "adamw"});
-  o.check_positive("lr", oc.lr);
+  read_optimizer(root, r.optimizer);
 
   Section tr(subtable(root, "train"), "train.");
   tr.get("steps", r.steps);
@@ -232,14 +223,9 @@ std::vector<std::vector<double>> token_logprobs(const model::Decoder& dec,
   if (hidden) hidden->assign(batch.size(), {});
   for (size_t b0 = 0; b0 < batch.size(); b0 += static_cast<size_t>(micro_batch)) {
     const size_t b1 = std::min(batch.size(), b0 + static_cast<size_t>(micro_batch));
-    size_t T = 0;
-    for (size_t i = b0; i < b1; ++i) T = std::max(T, batch[i].tokens.size());
+    const size_t T = longest(batch, b0, b1);
     const auto M = static_cast<int64_t>(b1 - b0);
-    std::vector<int64_t> ids(static_cast<size_t>(M) * T, 3);  // pad
-    for (size_t i = b0; i < b1; ++i)
-      for (size_t t = 0; t < batch[i].tokens.size(); ++t)
-        ids[(i - b0) * T + t] = batch[i].tokens[t];
-    const Tensor x = Tensor::from_ints(ids, {M, static_cast<int64_t>(T)});
+    const Tensor x = Tensor::from_ints(padded_ids(batch, b0, b1, T), {M, static_cast<int64_t>(T)});
     const model::ForwardOutput f = dec.forward(x, nullptr, {.logits = true});
     const std::vector<double> lp = ops::log_softmax(f.logits_BTV, -1).to_doubles();
     const auto V = static_cast<size_t>(f.logits_BTV.size(-1));
@@ -280,8 +266,7 @@ void policy_backward(const model::Decoder& dec, const std::vector<Trajectory>& b
   const int64_t d = dec.config().hidden_size;
   for (size_t b0 = 0; b0 < batch.size(); b0 += static_cast<size_t>(micro_batch)) {
     const size_t b1 = std::min(batch.size(), b0 + static_cast<size_t>(micro_batch));
-    size_t T = 0;
-    for (size_t i = b0; i < b1; ++i) T = std::max(T, batch[i].tokens.size());
+    size_t T = longest(batch, b0, b1);
     // Segments need T to be a multiple of the segment length: pad (weight 0).
     const bool seg = segment_len > 0 && static_cast<int64_t>(T) > segment_len;
     if (seg)
@@ -289,19 +274,17 @@ void policy_backward(const model::Decoder& dec, const std::vector<Trajectory>& b
           static_cast<size_t>(segment_len);
     const auto M = static_cast<int64_t>(b1 - b0);
     const size_t N = static_cast<size_t>(M) * T;
-    std::vector<int64_t> ids(N, 3), labels(N, ops::kIgnoreIndex);
+    const std::vector<int64_t> ids = padded_ids(batch, b0, b1, T);
+    std::vector<int64_t> labels(N, ops::kIgnoreIndex);
     std::vector<double> pos(N, 0.0), neg(N, 0.0);
     double sp = 0, sn = 0;
     for (size_t i = b0; i < b1; ++i)
-      for (size_t t = 0; t < batch[i].tokens.size(); ++t) {
+      for (size_t t = 0; t + 1 < batch[i].tokens.size(); ++t) {
         const size_t at = (i - b0) * T + t;
-        ids[at] = batch[i].tokens[t];
-        if (t + 1 < batch[i].tokens.size()) {
-          labels[at] = batch[i].tokens[t + 1];
-          const double c = -grad[i][t + 1] * weight;
-          if (c > 0) pos[at] = c, sp += c;
-          if (c < 0) neg[at] = -c, sn += -c;
-        }
+        labels[at] = batch[i].tokens[t + 1];
+        const double c = -grad[i][t + 1] * weight;
+        if (c > 0) pos[at] = c, sp += c;
+        if (c < 0) neg[at] = -c, sn += -c;
       }
     if (sp == 0 && sn == 0) continue;
     const Shape BT = {M, static_cast<int64_t>(T)};

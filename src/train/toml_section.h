@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "train/optim.h"
 
 namespace myriad::train::toml_recipe {
 
@@ -107,6 +108,27 @@ inline void one_of(const std::string& key, const std::string& v,
     list += list.empty() ? o : std::string(", ") + o;
   }
   throw Error(cat(key, ": \"", v, "\" is not one of ", list));
+}
+
+// The [optimizer] table into oc (whose values are the defaults), validated.
+inline void read_optimizer(const toml::table& root, OptimConfig& oc) {
+  Section o(subtable(root, "optimizer"), "optimizer.");
+  o.get("matrix_optimizer", oc.matrix_optimizer);
+  o.get("lr", oc.lr);
+  o.get("weight_decay", oc.weight_decay);
+  o.get("beta1", oc.beta1);
+  o.get("beta2", oc.beta2);
+  o.get("eps", oc.eps);
+  o.get("momentum", oc.momentum);
+  o.get("nesterov", oc.nesterov);
+  o.get("per_head", oc.per_head);
+  o.get("clip_norm", oc.clip_norm);
+  o.get("qk_clip_tau", oc.qk_clip_tau);
+  o.finish();
+  one_of("optimizer.matrix_optimizer", oc.matrix_optimizer, {"muon", "adamw"});
+  o.check_positive("lr", oc.lr);
+  MYRIAD_CHECK(oc.beta1 >= 0 && oc.beta1 < 1, "optimizer.beta1: must be in [0, 1)");
+  MYRIAD_CHECK(oc.beta2 >= 0 && oc.beta2 < 1, "optimizer.beta2: must be in [0, 1)");
 }
 
 }  // namespace myriad::train::toml_recipe

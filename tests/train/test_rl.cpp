@@ -223,7 +223,9 @@ TEST(Rl, LongTrajectoryUpdateRunsInSegments) {
   EXPECT_GT(scale, 0.0);
 }
 
-TEST(Rl, SftDataTrainsOnAssistantTokensAndKeepsTheTemplate) {
+// The SFT run writes the agent chat template, which export puts in the model directory (the
+// loss mask itself is checked in tests/agent: Sft.DocumentsMaskAllButTheAssistant).
+TEST(Rl, SftRunKeepsTheAgentTemplate) {
   const fs::path m = model_dir();
   std::ifstream f(m / "chat_template.txt");
   std::stringstream ss;
