@@ -64,6 +64,7 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& docs, int vocab_size,
     if (!markers.empty()) markers += ',';
     markers += m;
   }
+  for (const char* m : kMediaMarkers) markers.append(",").append(m);
   const std::unordered_map<std::string, std::string> args = {
       {"control_symbols", markers},
       {"model_type", "bpe"},

@@ -24,6 +24,12 @@ namespace myriad::data {
 // trains (ids 4..8, after unk, bos, eos, pad).
 inline constexpr const char* kChatMarkers[] = {"<|system|>", "<|user|>", "<|assistant|>",
                                                "<|tool|>", "<|end|>"};
+// The image markers of Kimi K2.5's processor (MODEL.md §10), control tokens 9..12 of every
+// tokenizer Myriad trains: an image is written <|media_begin|>image<|media_content|>, then one
+// <|media_pad|> per merged image token, then <|media_end|>.
+inline constexpr const char* kMediaMarkers[] = {"<|media_begin|>", "<|media_content|>",
+                                                "<|media_pad|>", "<|media_end|>"};
+inline constexpr int32_t kMediaPadId = 11;
 
 // A piece of text to tokenize: trusted text may hold special tokens (written as their literal
 // text); untrusted text is always plain text.

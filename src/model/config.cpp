@@ -257,6 +257,41 @@ json opt(const std::optional<int64_t>& v) {
   return v ? json(*v) : json(nullptr);
 }
 
+// The vision fields of a kimi_k25 / kimi_k3 wrapper (MODEL.md §10), spelled as transformers'
+// Kimi_K25Config: vision_config, and beside it projection_layer_norm_eps, projection_hidden_size
+// and image_token_id (the hub's media_placeholder_token_id). kimi_k25 takes transformers'
+// defaults for absent ones (its vision_config too); a kimi_k3 wrapper without vision_config is
+// text-only. The keys read leave `outer` (to_json writes them back).
+void read_vision(json& outer, bool k25, const std::string& where, ModelConfig& c) {
+  Reader r(outer, where);
+  const json* vc = r.object("vision_config");
+  if (vc)
+    c.vision = vision::VisionConfig::from_json(*vc, where);
+  else if (k25)
+    c.vision = vision::VisionConfig{};
+  // transformers' kimi_k25 default: Kimi's <|media_pad|> (the K3-style variant shares it).
+  if (c.vision) c.media_placeholder_token_id = 163605;
+  r.get({"image_token_id", "media_placeholder_token_id"}, c.media_placeholder_token_id);
+  if (c.vision) {
+    auto& v = *c.vision;
+    double eps = v.projection_layer_norm_eps;
+    r.get({"projection_layer_norm_eps"}, eps);
+    MYRIAD_CHECK(!(vc && vc->contains("projector_ln_eps")) || eps == v.projection_layer_norm_eps,
+                 where, "projection_layer_norm_eps (", eps,
+                 ") and vision_config.projector_ln_eps (", v.projection_layer_norm_eps,
+                 ") disagree");
+    v.projection_layer_norm_eps = eps;
+    int64_t width = v.hidden_size;
+    r.get({"projection_hidden_size"}, width);
+    MYRIAD_CHECK(width == v.hidden_size, where, "projection_hidden_size (", width,
+                 ") must equal vision_config.hidden_size (", v.hidden_size,
+                 "): the projector's LayerNorm normalises the tower's output");
+  }
+  for (const char* k : {"vision_config", "image_token_id", "media_placeholder_token_id",
+                        "projection_layer_norm_eps", "projection_hidden_size"})
+    outer.erase(k);
+}
+
 bool one_of(const std::string& v, std::initializer_list<const char*> allowed) {
   for (const char* a : allowed)
     if (v == a) return true;
@@ -398,9 +433,16 @@ void ModelConfig::validate() const {
   }
   MYRIAD_CHECK(num_nextn_predict_layers >= 0, "config: num_nextn_predict_layers must be >= 0");
   positive("model_max_length", model_max_length);
+  if (vision) {
+    vision->validate();
+    MYRIAD_CHECK(media_placeholder_token_id.has_value(),
+                 "config: a vision tower needs image_token_id (media_placeholder_token_id), the "
+                 "placeholder its embeddings replace");
+  }
   for (auto [field, id] :
        {std::pair{"bos_token_id", bos_token_id}, std::pair{"eos_token_id", eos_token_id},
-        std::pair{"pad_token_id", pad_token_id}})
+        std::pair{"pad_token_id", pad_token_id},
+        std::pair{"image_token_id", media_placeholder_token_id}})
     MYRIAD_CHECK(!id || (*id >= 0 && *id < vocab_size), "config: ", field, " = ", id.value_or(0),
                  " outside the vocabulary 0..", vocab_size - 1);
 
@@ -499,14 +541,23 @@ ModelConfig ModelConfig::from_json(std::string_view text, std::string_view sourc
 
   ModelConfig c;
   const json* top = &root;
-  // kimi_k3: the text model sits in text_config beside the vision fields.
-  if (auto mt = root.find("model_type"); mt != root.end() && mt->is_string() && *mt == "kimi_k3") {
+  json inner;
+  // kimi_k3 and kimi_k25: the text model sits in text_config beside the vision fields.
+  if (auto mt = root.find("model_type");
+      mt != root.end() && mt->is_string() && (*mt == "kimi_k3" || *mt == "kimi_k25")) {
+    const std::string wrapper = *mt;
     auto tc = root.find("text_config");
-    MYRIAD_CHECK(tc != root.end() && tc->is_object(), where,
-                 "model_type kimi_k3 needs a text_config object");
-    top = &*tc;
+    MYRIAD_CHECK(tc != root.end() && tc->is_object(), where, "model_type ", wrapper,
+                 " needs a text_config object");
+    inner = *tc;
+    // transformers reads the hub's kimi_k25 text model_type "kimi_k2" as deepseek_v3.
+    if (auto tm = inner.find("model_type");
+        wrapper == "kimi_k25" && tm != inner.end() && *tm == "kimi_k2")
+      *tm = "deepseek_v3";
+    top = &inner;
     json outer = root;
     outer.erase("text_config");
+    read_vision(outer, wrapper == "kimi_k25", where, c);
     c.wrapper_json = outer.dump();
   }
   const std::string w = c.wrapper_json.empty() ? where : where + "text_config.";
@@ -643,6 +694,17 @@ ModelConfig ModelConfig::from_json(std::string_view text, std::string_view sourc
   r.get({"topk_method"}, c.topk_method);
 
   if (const json* o = r.object("myriad")) read_myriad(r.sub(*o, "myriad"), c.myriad);
+  if (auto k25 = root.find("model_type"); k25 != root.end() && *k25 == "kimi_k25") {
+    // transformers ties kimi_k25's lm_head by the outer key; the hub's configs set the inner one.
+    if (auto t = root.find("tie_word_embeddings"); t != root.end()) {
+      MYRIAD_CHECK(t->is_boolean(), where, "tie_word_embeddings must be true or false, got ",
+                   short_dump(*t));
+      MYRIAD_CHECK(!top->contains("tie_word_embeddings") || *t == c.tie_word_embeddings, where,
+                   "tie_word_embeddings (", t->dump(), ") and text_config.tie_word_embeddings (",
+                   c.tie_word_embeddings ? "true" : "false", ") disagree");
+      c.tie_word_embeddings = t->get<bool>();
+    }
+  }
 
   for (const char* k : kIgnoredKeys) r.find({k});
   for (const auto& [k, v] : top->items())
@@ -772,8 +834,27 @@ std::string ModelConfig::to_json() const {
   }
   j["myriad"] = write_myriad(myriad);
 
-  if (!wrapper_json.empty()) {
-    json outer = json::parse(wrapper_json);
+  if (!wrapper_json.empty() || vision) {
+    // A vision model without a wrapper read from disk gets transformers' kimi_k25 one around a
+    // DeepSeek-V3 text model, else Myriad's K3-style kimi_k3 one.
+    json outer;
+    if (!wrapper_json.empty())
+      outer = json::parse(wrapper_json);
+    else if (ds)
+      outer = {{"model_type", "kimi_k25"},
+               {"architectures", json::array({"Kimi_K25ForConditionalGeneration"})}};
+    else
+      outer = {{"model_type", "kimi_k3"},
+               {"architectures", json::array({"KimiK3ForConditionalGeneration"})}};
+    const bool k25 = outer.value("model_type", "") == "kimi_k25";
+    if (vision) {
+      outer["vision_config"] = vision->to_json();
+      outer["projection_layer_norm_eps"] = vision->projection_layer_norm_eps;
+      outer["projection_hidden_size"] = vision->hidden_size;
+    }
+    if (media_placeholder_token_id)
+      outer[k25 ? "image_token_id" : "media_placeholder_token_id"] = *media_placeholder_token_id;
+    if (k25) outer["tie_word_embeddings"] = tie_word_embeddings;
     outer["text_config"] = std::move(j);
     j = std::move(outer);
   }
@@ -999,3 +1080,94 @@ ModelConfig preset(std::string_view name) {
 }
 
 }  // namespace myriad::model
+
+// ---- The vision tower's config (declared in vision/tower.h; read here with the same Reader) ----
+
+namespace myriad::vision {
+
+using json = nlohmann::json;
+
+VisionConfig VisionConfig::from_json(const json& j, const std::string& where) {
+  MYRIAD_CHECK(j.is_object(), where, "vision_config must be an object, got ", model::short_dump(j));
+  model::Reader r(j, where, "vision_config.");
+  VisionConfig c;
+  r.get({"model_type"}, c.model_type);
+  r.get({"patch_size"}, c.patch_size);
+  r.get({"pos_emb_height", "init_pos_emb_height"}, c.pos_emb_height);
+  r.get({"pos_emb_width", "init_pos_emb_width"}, c.pos_emb_width);
+  r.get({"pos_emb_time", "init_pos_emb_time"}, c.pos_emb_time);
+  r.get({"num_attention_heads", "vt_num_attention_heads"}, c.num_attention_heads);
+  r.get({"num_hidden_layers", "vt_num_hidden_layers"}, c.num_hidden_layers);
+  r.get({"hidden_size", "vt_hidden_size"}, c.hidden_size);
+  r.get({"intermediate_size", "vt_intermediate_size"}, c.intermediate_size);
+  r.get({"hidden_act"}, c.hidden_act);
+  std::vector<int64_t> kernel;
+  if (r.get({"merge_kernel_size"}, kernel)) {
+    MYRIAD_CHECK(kernel.size() == 2, where,
+                 "vision_config.merge_kernel_size must be a list of two integers [h, w], got ",
+                 kernel.size());
+    c.merge_kernel_h = kernel[0];
+    c.merge_kernel_w = kernel[1];
+  }
+  if (const json* rp = r.object("rope_parameters")) {
+    model::Reader s = r.sub(*rp, "rope_parameters");
+    std::string type = "axial";
+    s.get({"rope_type", "type"}, type);
+    MYRIAD_CHECK(type == "axial", where, "vision_config.rope_parameters.rope_type = '", type,
+                 "' is not 'axial', the tower's only RoPE");
+    s.get({"rope_theta"}, c.rope_theta);
+  }
+  r.get({"projector_ln_eps"}, c.projection_layer_norm_eps);  // the hub's spelling
+  for (const auto& [k, v] : j.items())
+    if (!r.used(k)) c.extra[k] = v;
+  return c;
+}
+
+json VisionConfig::to_json() const {
+  json j = extra;
+  j["model_type"] = model_type;
+  j["patch_size"] = patch_size;
+  j["pos_emb_height"] = pos_emb_height;
+  j["pos_emb_width"] = pos_emb_width;
+  j["pos_emb_time"] = pos_emb_time;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["hidden_act"] = hidden_act;
+  j["merge_kernel_size"] = {merge_kernel_h, merge_kernel_w};
+  j["rope_parameters"] = {{"rope_type", "axial"}, {"rope_theta", rope_theta}};
+  return j;
+}
+
+void VisionConfig::validate() const {
+  auto positive = [](const char* field, int64_t v) {
+    MYRIAD_CHECK(v > 0, "config: vision_config.", field, " must be > 0, got ", v);
+  };
+  positive("patch_size", patch_size);
+  positive("pos_emb_height", pos_emb_height);
+  positive("pos_emb_time", pos_emb_time);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("merge_kernel_size[0]", merge_kernel_h);
+  positive("merge_kernel_size[1]", merge_kernel_w);
+  MYRIAD_CHECK(pos_emb_width == pos_emb_height,
+               "config: vision_config.pos_emb_width = ", pos_emb_width,
+               " must equal vision_config.pos_emb_height = ", pos_emb_height,
+               " (transformers resamples a square position table)");
+  MYRIAD_CHECK(hidden_size % num_attention_heads == 0 && head_dim() % 4 == 0,
+               "config: vision_config.hidden_size = ", hidden_size,
+               " must be num_attention_heads = ", num_attention_heads,
+               " heads of a multiple of 4 (axial RoPE splits each head's pairs between rows and "
+               "columns)");
+  MYRIAD_CHECK(hidden_act == "gelu_pytorch_tanh", "config: vision_config.hidden_act = '",
+               hidden_act, "' is not gelu_pytorch_tanh, the tower's only activation");
+  MYRIAD_CHECK(rope_theta > 0, "config: vision_config.rope_parameters.rope_theta must be > 0, got ",
+               rope_theta);
+  MYRIAD_CHECK(projection_layer_norm_eps > 0, "config: projection_layer_norm_eps must be > 0, got ",
+               projection_layer_norm_eps);
+}
+
+}  // namespace myriad::vision

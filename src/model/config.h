@@ -1,6 +1,7 @@
 // ModelConfig: every config.json field of MODEL.md §11.1 (checkpoint spelling), the K3 extensions,
 // and Myriad's own options of §12 (stored under a "myriad" object). Reads transformers aliases and
-// the kimi_k3 wrapper; writes the checkpoint spelling plus the derived keys transformers reads.
+// the kimi_k3 / kimi_k25 wrappers; writes the checkpoint spelling plus the derived keys
+// transformers reads.
 // Layer lists in the JSON are 1-based; every helper here takes 0-based layer indices.
 #pragma once
 #include <cstdint>
@@ -9,6 +10,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "vision/tower.h"
 
 namespace myriad::model {
 
@@ -118,7 +121,16 @@ struct ModelConfig {
 
   MyriadOptions myriad;
 
-  // Read from a kimi_k3 wrapper: the outer object without text_config, re-emitted on write.
+  // Native vision (MODEL.md §10): the image tower and projector, and the placeholder token whose
+  // embeddings the projector outputs replace. Read from the vision_config of a kimi_k25 wrapper
+  // (transformers' Kimi K2.5, text model deepseek_v3) or of Myriad's K3-style kimi_k3 one; the
+  // id is spelled image_token_id (kimi_k25) or media_placeholder_token_id (the hub's, kimi_k3).
+  // Absent: a text-only model.
+  std::optional<vision::VisionConfig> vision;
+  std::optional<int64_t> media_placeholder_token_id;
+
+  // Read from a kimi_k3 / kimi_k25 wrapper: the outer object without text_config and the vision
+  // fields above, re-emitted on write.
   std::string wrapper_json;
   // Top-level keys Myriad does not model (auto_map, quantization_config, ...), as JSON text,
   // kept so a read-write round trip loses nothing.

@@ -1,6 +1,7 @@
 #include "model/decoder.h"
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -71,6 +72,25 @@ std::vector<ParamSpec> Decoder::param_specs(const ModelConfig& c) {
     out.push_back({"model.output_attn_res_proj.weight", {1, d}, Init::Zeros, true, {}, {}});
   }
   out.push_back({"lm_head.weight", {V, d}, Init::Normal, true, {}, {}});
+  if (c.vision) {
+    // A multimodal checkpoint may hold the text model under `language_model.` (transformers'
+    // kimi_k25 writes language_model.model.layers.{i} or .blocks.{i}); kimi_k25 models are saved
+    // that way. Myriad's K3-style multimodal models keep the text names of kimi_linear.
+    const bool k25 =
+        c.wrapper_json.empty()
+            ? c.is_deepseek()
+            : nlohmann::json::parse(c.wrapper_json).value("model_type", "") == "kimi_k25";
+    for (ParamSpec& s : out) {
+      const std::string prefixed = "language_model." + s.name;
+      std::string blocks = prefixed;
+      if (const auto at = blocks.find("model.layers."); at != std::string::npos)
+        blocks.replace(at, 13, "model.blocks.");
+      s.aliases.push_back(prefixed);
+      if (blocks != prefixed) s.aliases.push_back(blocks);
+      if (k25) s.save_as = prefixed;
+    }
+    for (ParamSpec& s : vision::param_specs(*c.vision, d)) out.push_back(std::move(s));
+  }
   return out;
 }
 
@@ -140,6 +160,44 @@ ForwardOutput Decoder::forward_batch(const Tensor& ids_N1, const std::vector<Dec
   return forward_impl(ids_N1, caches, opt);
 }
 
+Tensor Decoder::encode_images(const Tensor& pixel_values,
+                              const std::vector<vision::Grid>& grids) const {
+  MYRIAD_CHECK(config_.vision.has_value(),
+               "model: encode_images needs a model with a vision tower");
+  return vision::encode(*config_.vision, *weights_, pixel_values, grids);
+}
+
+namespace {
+
+// MODEL.md §10 step 6: the embeddings at the placeholder positions are replaced, in row-major
+// order, by the projector outputs (zeroed there, then the image rows added at those positions).
+Tensor splice_images(const ModelConfig& c, const Tensor& ids_BT, const Tensor& h_BTD,
+                     const Tensor& embeds_ND) {
+  MYRIAD_CHECK(c.media_placeholder_token_id.has_value(),
+               "model: image_embeds given to a model without media_placeholder_token_id");
+  const int64_t B = h_BTD.size(0), T = h_BTD.size(1), D = h_BTD.size(2);
+  const std::vector<double> ids = ids_BT.to_doubles();
+  std::vector<int64_t> at;
+  std::vector<double> keep(ids.size(), 1.0);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (static_cast<int64_t>(ids[i]) == *c.media_placeholder_token_id) {
+      at.push_back(static_cast<int64_t>(i));
+      keep[i] = 0.0;
+    }
+  MYRIAD_CHECK(embeds_ND.dim() == 2 && embeds_ND.size(0) == static_cast<int64_t>(at.size()) &&
+                   embeds_ND.size(1) == D && embeds_ND.dtype() == h_BTD.dtype(),
+               "model: image_embeds must be [", at.size(), ", ", D,
+               "] in the embeddings' dtype (one row per placeholder token in input_ids), got ",
+               embeds_ND.desc());
+  if (at.empty()) return h_BTD;
+  const Tensor mask = Tensor::from_doubles(keep, {B * T, 1}, h_BTD.dtype());
+  const Tensor idx = Tensor::from_ints(at, {static_cast<int64_t>(at.size())});
+  const Tensor flat = ops::mul(ops::reshape(h_BTD, {B * T, D}), mask);
+  return ops::reshape(ops::index_add(flat, 0, idx, embeds_ND), {B, T, D});
+}
+
+}  // namespace
+
 ForwardOutput Decoder::forward_impl(const Tensor& ids_BT, const std::vector<DecodeCache*>& caches,
                                     ForwardOptions opt) const {
   const ModelConfig& c = config_;
@@ -151,6 +209,7 @@ ForwardOutput Decoder::forward_impl(const Tensor& ids_BT, const std::vector<Deco
   const double eps = c.rms_norm_eps;
   ForwardOutput out;
   Tensor h = ops::embedding(w("model.embed_tokens.weight"), ids_BT);
+  if (opt.image_embeds.defined()) h = splice_images(c, ids_BT, h, opt.image_embeds);
   auto keep = [&](std::vector<Tensor>& v, const Tensor& t) {
     if (opt.record) v.push_back(t);
   };

@@ -29,6 +29,10 @@ struct ForwardOptions {
   // pass (core recompute()). Gradients are unchanged. Not with auxiliary router losses, which
   // need the router's graph after the forward.
   bool recompute = false;
+  // Native vision (MODEL.md §10): [N, d] rows that replace the embeddings of the N placeholder
+  // tokens (config media_placeholder_token_id) in ids, in row-major order (Decoder::encode_images
+  // gives them image after image). Undefined: text only.
+  Tensor image_embeds{};
 };
 
 struct ForwardOutput {
@@ -66,6 +70,9 @@ class Decoder {
   // attends over its own cache. Row n gets what forward(ids[n], caches[n]) gives.
   ForwardOutput forward_batch(const Tensor& ids_N1, const std::vector<DecodeCache*>& caches,
                               ForwardOptions opt = {}) const;
+  // The vision tower + projector over processed images (vision::encode): the rows that replace
+  // the images' placeholders, image after image. Needs a config with `vision`.
+  Tensor encode_images(const Tensor& pixel_values, const std::vector<vision::Grid>& grids) const;
   // Mean next-token cross-entropy: position t is scored against ids[t+1]; the last is ignored.
   Tensor loss(const Tensor& ids_BT) const;
 

@@ -21,6 +21,7 @@ Weights Weights::load(const std::string& path, const std::vector<ParamSpec>& spe
   for (const auto& s : specs) {
     std::string found;
     if (ck.contains(s.name)) found = s.name;
+    if (found.empty() && !s.save_as.empty() && ck.contains(s.save_as)) found = s.save_as;
     for (const auto& a : s.aliases)
       if (found.empty() && ck.contains(a)) found = a;
     if (found.empty()) {
@@ -163,8 +164,11 @@ Weights Weights::to(DType dtype) const {
 }
 
 void Weights::save(const std::string& path) const {
+  std::map<std::string, std::string> as;
+  for (const auto& s : specs_)
+    if (!s.save_as.empty()) as[s.name] = s.save_as;
   std::map<std::string, Tensor> m;
-  for (const auto& [n, t] : tensors_) m[n] = t.detach();
+  for (const auto& [n, t] : tensors_) m[as.count(n) ? as[n] : n] = t.detach();
   safetensors::save(path, m);
 }
 

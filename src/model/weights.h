@@ -30,6 +30,7 @@ struct ParamSpec {
   std::vector<std::string> aliases;  // other accepted checkpoint spellings
   std::vector<FusedSource> fused;    // fused layouts it may be read from (MODEL.md §11.2)
   double value = 0.0;                // the fill of Init::Const
+  std::string save_as{};             // the name save() writes (also read); empty: name
 };
 
 class Weights {

@@ -222,8 +222,12 @@ TEST(IoFixture, ReadsTransformersCheckpoints) {
     auto cfg = model::ModelConfig::load(e.path().string());
     auto c = st::Checkpoint::open(e.path().string());
     ASSERT_FALSE(c.names().empty());
-    EXPECT_TRUE(c.contains("model.embed_tokens.weight"));
-    EXPECT_EQ(c.info("model.embed_tokens.weight").shape, (Shape{cfg.vocab_size, cfg.hidden_size}));
+    // A multimodal (kimi_k25) checkpoint holds the text model under language_model.
+    const std::string emb = c.contains("model.embed_tokens.weight")
+                                ? "model.embed_tokens.weight"
+                                : "language_model.model.embed_tokens.weight";
+    EXPECT_TRUE(c.contains(emb));
+    EXPECT_EQ(c.info(emb).shape, (Shape{cfg.vocab_size, cfg.hidden_size}));
     for (const auto& n : c.names()) {
       Tensor t = c.load(n);
       EXPECT_EQ(t.shape(), c.info(n).shape) << n;
