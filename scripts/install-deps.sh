@@ -7,6 +7,7 @@ PKGS=(cmake ninja-build g++ ccache clang-format pkg-config
       libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
       libsentencepiece-dev libtomlplusplus-dev zlib1g-dev libcpp-httplib-dev curl
       wordnet-base dict-gcide  # the built-in training text, read at run time
+      dataset-fashion-mnist libstb-dev  # the built-in images (read at run time) and the image decoder
       clang libclang-rt-14-dev libomp-dev  # the libFuzzer targets
       python3 python3-venv)  # the test command's checks with the openai and tensorboard packages
 missing=()

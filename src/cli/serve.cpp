@@ -10,16 +10,21 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <mutex>
 #include <stdexcept>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
 #include "model/decoder.h"
+#include "ops/shape.h"
 #include "serve/protocol.h"
 #include "serve/server.h"
+#include "vision/image.h"
 
 namespace myriad::cli {
 
@@ -123,6 +128,11 @@ void add_infer_commands(CLI::App& app, InferArgs& a) {
   common(a.generate);
   sampling(a.generate);
   a.generate->add_option("--prompt", a.prompt, "the text to continue")->required();
+  a.generate
+      ->add_option("--image", a.images,
+                   "PNG or JPEG read before the prompt (repeatable; a model with a vision "
+                   "tower)")
+      ->check(CLI::ExistingFile);
   a.chat = app.add_subcommand("chat", "interactive chat on stdin/stdout (keeps the conversation)");
   common(a.chat);
   sampling(a.chat);
@@ -189,9 +199,9 @@ infer::SamplingParams sampling(const InferArgs& a) {
 }
 
 // Streams one reply to stdout; returns its text.
-std::string stream_reply(infer::Engine& engine, std::vector<int32_t> prompt,
-                         infer::SamplingParams sp) {
-  const int64_t budget = engine.config().max_context - static_cast<int64_t>(prompt.size());
+std::string stream_reply(infer::Engine& engine, infer::Request req) {
+  infer::SamplingParams& sp = req.params;
+  const int64_t budget = engine.config().max_context - static_cast<int64_t>(req.prompt.size());
   if (budget < 1) throw std::invalid_argument("the conversation no longer fits the context");
   sp.max_tokens = std::min(sp.max_tokens, budget);
   const auto t0 = std::chrono::steady_clock::now();
@@ -202,7 +212,7 @@ std::string stream_reply(infer::Engine& engine, std::vector<int32_t> prompt,
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
-  engine.submit({std::move(prompt), sp}, [&](const infer::TokenEvent& e) {
+  engine.submit(std::move(req), [&](const infer::TokenEvent& e) {
     std::fwrite(e.text.data(), 1, e.text.size(), stdout);
     std::fflush(stdout);
     std::lock_guard lock(m);
@@ -267,13 +277,38 @@ int serve_command(const InferArgs& a) {
   return 0;
 }
 
+// Images for the model's tower: the file read, decoded and preprocessed like the server does it
+// (vision/image.h), appended to the request; returns its placeholder block for the prompt.
+std::string add_image(const model::Decoder& m, const std::string& path, infer::Request& req) {
+  MYRIAD_CHECK(m.config().vision.has_value(), "--image: ", path,
+               ": the model has no vision tower (config.json lacks vision_config)");
+  std::ifstream f(path, std::ios::binary);
+  MYRIAD_CHECK(f.good(), "--image: cannot read ", path);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  vision::Processed p;
+  try {
+    p = vision::preprocess(vision::decode_image(bytes),
+                           vision::PreprocessOptions::from(*m.config().vision));
+  } catch (const Error& e) {
+    throw Error(cat(path, ": ", e.what()));
+  }
+  req.pixel_values = req.pixel_values.defined() ? ops::concat({req.pixel_values, p.pixel_values}, 0)
+                                                : p.pixel_values;
+  req.grids.push_back(p.grid);
+  return vision::image_block(p.tokens);
+}
+
 int generate_command(const InferArgs& a) {
   Loaded l = load(a);
   infer::Engine engine(l.model, l.tok, l.cfg);
-  std::vector<int32_t> ids = l.tok.encode(a.prompt);
-  if (ids.empty()) ids = {l.tok.eos()};
+  infer::Request req;
+  std::string blocks;
+  for (const std::string& im : a.images) blocks += add_image(l.model, im, req);
+  req.prompt = l.tok.encode_parts({{blocks, true}, {a.prompt, false}});
+  if (req.prompt.empty()) req.prompt = {l.tok.eos()};
   std::fputs(a.prompt.c_str(), stdout);
-  stream_reply(engine, ids, sampling(a));
+  req.params = sampling(a);
+  stream_reply(engine, std::move(req));
   return 0;
 }
 
@@ -282,22 +317,46 @@ int chat_command(const InferArgs& a) {
   infer::Engine engine(l.model, l.tok, l.cfg);
   serve::ChatRequest conv;
   if (!a.system.empty()) conv.messages.push_back({"system", a.system, "", "", {}});
-  std::fprintf(stderr, "myriad chat: one message per line; /reset clears, /exit or EOF quits\n");
+  std::fprintf(stderr,
+               "myriad chat: one message per line; /image FILE attaches a PNG or JPEG to the "
+               "next message; /reset clears, /exit or EOF quits\n");
+  // The conversation's images (every turn re-reads the whole conversation) and the ones waiting
+  // for the next message.
+  infer::Request images;
+  std::vector<std::string> blocks;
+  size_t pending = 0;
   std::string line;
   while (std::fprintf(stderr, "> "), std::getline(std::cin, line)) {
     if (line == "/exit") break;
     if (line == "/reset") {
       conv.messages.resize(a.system.empty() ? 0 : 1);
+      images = {}, blocks.clear(), pending = 0;
+      continue;
+    }
+    if (line.rfind("/image ", 0) == 0) {
+      try {
+        infer::Request one = images;
+        blocks.push_back(add_image(l.model, line.substr(7), one));
+        images = std::move(one);
+        ++pending;
+        std::fprintf(stderr, "myriad chat: image attached to your next message\n");
+      } catch (const Error& e) {
+        std::fprintf(stderr, "myriad chat: %s\n", e.what());
+      }
       continue;
     }
     if (line.empty()) continue;
-    conv.messages.push_back({"user", line, "", "", {}});
-    const serve::Prompt p = serve::render_chat(l.tmpl, conv);
-    const std::vector<int32_t> ids = serve::prompt_ids(l.tok, p);
-    infer::SamplingParams sp = sampling(a);
-    sp.stop.insert(sp.stop.end(), p.stop.begin(), p.stop.end());
+    serve::Message msg{"user", line, "", "", {}};
+    msg.images.resize(pending);  // at the start of the message, in the order attached
+    conv.messages.push_back(msg);
+    const serve::Prompt p = serve::render_chat(l.tmpl, conv, blocks);
+    infer::Request req = images;
+    req.prompt = serve::prompt_ids(l.tok, p);
+    req.params = sampling(a);
+    req.params.stop.insert(req.params.stop.end(), p.stop.begin(), p.stop.end());
     try {
-      conv.messages.push_back({"assistant", stream_reply(engine, ids, sp), "", "", {}});
+      conv.messages.push_back({"assistant", stream_reply(engine, std::move(req)), "", "", {}});
+      pending = 0;
     } catch (const std::invalid_argument& e) {
       std::fprintf(stderr, "myriad chat: %s (try /reset)\n", e.what());
       conv.messages.pop_back();

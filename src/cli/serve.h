@@ -27,6 +27,7 @@ struct InferArgs {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   std::string prompt, system;
+  std::vector<std::string> images;  // generate --image
   // Server.
   std::string host = "127.0.0.1", model_name, api_key;
   int port = 8000, threads = 64;

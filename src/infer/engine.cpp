@@ -41,6 +41,8 @@ struct Seq {
   std::unique_ptr<TextStream> text;
   model::DecodeCache cache;
   int64_t prefilled = 0;    // prompt tokens read
+  Tensor image_rows;        // the images' encoded rows (on the first prefill chunk)
+  int64_t image_row = 0;    // rows the prefill has consumed
   int64_t snapshot_at = 0;  // > 0: keep the state at this prompt position as a shared prefix
   int64_t generated = 0;
   int32_t next = -1;  // the token the next decode step feeds
@@ -201,14 +203,16 @@ struct Engine::Impl {
     s.cache = m.new_cache();
     if (!paged) return;
     // Start from the longest cached prefix, or plan to keep this prompt's page-aligned prefix.
-    Prefix* pre =
-        cfg.prefix_cache_entries > 0 && !s.plan.sliding ? find_prefix(s.req.prompt) : nullptr;
+    Prefix* pre = cfg.prefix_cache_entries > 0 && !s.plan.sliding && s.req.grids.empty()
+                      ? find_prefix(s.req.prompt)
+                      : nullptr;
     const auto P = static_cast<int64_t>(s.req.prompt.size());
     if (pre) {
       pre->last_used = ++clock;
       s.prefilled = s.cache.position = static_cast<int64_t>(pre->tokens.size());
     }
-    if (cfg.prefix_cache_entries > 0 && !s.plan.sliding) {  // a longer prefix (chat turns)
+    if (cfg.prefix_cache_entries > 0 && !s.plan.sliding &&
+        s.req.grids.empty()) {  // a longer prefix (chat turns)
       const int64_t at = (P - 1) / cfg.block_tokens * cfg.block_tokens;  // >= 1 token to read
       if (at > s.prefilled) s.snapshot_at = at;
     }
@@ -334,7 +338,16 @@ struct Engine::Impl {
     try {
       std::vector<int64_t> ids(s.req.prompt.begin() + a, s.req.prompt.begin() + b);
       Tensor in = Tensor::from_ints(ids, {1, b - a}, DType::I64, device);
-      model::ForwardOutput out = m.forward(in, &s.cache, {.logits = false});
+      model::ForwardOptions fo{.logits = false};
+      if (!s.req.grids.empty()) {  // this chunk's image rows, in placeholder order
+        if (!s.image_rows.defined())
+          s.image_rows = m.encode_images(s.req.pixel_values.to(device).to(dtype), s.req.grids);
+        const int64_t n =
+            std::count(ids.begin(), ids.end(), *m.config().media_placeholder_token_id);
+        if (n > 0) fo.image_embeds = ops::slice(s.image_rows, 0, s.image_row, s.image_row + n);
+        s.image_row += n;
+      }
+      model::ForwardOutput out = m.forward(in, &s.cache, fo);
       s.prefilled = b;
       update_usage(b - a);
       if (b == s.snapshot_at) keep_prefix(s);
@@ -474,6 +487,10 @@ Engine::~Engine() {
   impl_->thread.join();
 }
 
+const model::Decoder& Engine::model() const {
+  return impl_->m;
+}
+
 CachePlan Engine::plan(const Request& request) const {
   return impl_->plan_for(request);
 }
@@ -489,6 +506,25 @@ uint64_t Engine::submit(Request request, TokenCallback on_event) {
     if (t < 0 || t >= V)
       bad("prompt token " + std::to_string(t) + " is outside the vocabulary [0, " +
           std::to_string(V) + ")");
+  if (!request.grids.empty() || request.pixel_values.defined()) {
+    const model::ModelConfig& c = I.m.config();
+    if (!c.vision || !c.media_placeholder_token_id) bad("this model does not take images");
+    int64_t merged = 0, patches = 0;
+    for (const vision::Grid& g : request.grids) {
+      merged += vision::merged_tokens(*c.vision, g);
+      patches += g.t * g.h * g.w;
+    }
+    const auto pads = std::count(request.prompt.begin(), request.prompt.end(),
+                                 static_cast<int32_t>(*c.media_placeholder_token_id));
+    if (pads != merged)
+      bad("the prompt has " + std::to_string(pads) + " image placeholders for " +
+          std::to_string(merged) + " image tokens");
+    if (!request.pixel_values.defined() || request.pixel_values.dim() != 2 ||
+        request.pixel_values.size(0) != patches ||
+        request.pixel_values.size(1) != c.vision->patch_values())
+      bad("pixel_values must be [" + std::to_string(patches) + ", " +
+          std::to_string(c.vision->patch_values()) + "]");
+  }
   const auto P = static_cast<int64_t>(request.prompt.size());
   if (P + request.params.max_tokens > I.cfg.max_context)
     bad("prompt (" + std::to_string(P) + " tokens) + max_tokens (" +

@@ -15,6 +15,7 @@
 
 #include "data/tokenizer.h"
 #include "model/decoder.h"
+#include "vision/tower.h"
 
 namespace myriad::infer {
 
@@ -40,6 +41,12 @@ struct SamplingParams {
 struct Request {
   std::vector<int32_t> prompt;  // token ids (the caller applies any chat template)
   SamplingParams params;
+  // Images (a model with a vision tower, MODEL.md §10): processed pixels [Σ t·h·w, 3·p·p] and
+  // one grid per image, whose merged tokens fill the prompt's <|media_pad|> placeholders in
+  // order (their count must match). Encoded once when the prefill starts; such a prompt neither
+  // uses nor leaves a shared prefix (equal placeholder tokens may stand for other pixels).
+  Tensor pixel_values{};
+  std::vector<vision::Grid> grids{};
 };
 
 struct TokenEvent {
@@ -100,6 +107,7 @@ using TokenCallback = std::function<bool(const TokenEvent&)>;
 class Engine {
  public:
   Engine(const model::Decoder& model, const data::Tokenizer& tokenizer, EngineConfig config = {});
+  const model::Decoder& model() const;
   ~Engine();  // stops the thread; pending requests finish with "cancelled"
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

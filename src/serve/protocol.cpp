@@ -7,6 +7,9 @@
 #include <random>
 #include <sstream>
 
+#include "core/error.h"
+#include "vision/image.h"
+
 namespace myriad::serve {
 
 using json = nlohmann::json;
@@ -178,8 +181,51 @@ void get_stream(const json& j, bool& stream, bool& include_usage) {
   }
 }
 
-// Message content: a string, or an array of text parts (joined without a separator).
-std::string get_content(const json& m, const std::string& param, bool allow_null) {
+// An image_url content part: the data: URL decoded and the image's header checked (remote URLs,
+// malformed URLs, other formats and oversized images are 400s).
+MessageImage get_image(const json& part, const std::string& param, size_t offset,
+                       const Limits& limits) {
+  const json* iu = field(part, "image_url");
+  // {"url": ..., "detail": ...}, or the URL itself as some clients send it.
+  const json* url = iu && iu->is_object()   ? field(*iu, "url")
+                    : iu && iu->is_string() ? iu
+                                            : nullptr;
+  if (!url) bad("an image_url content part needs 'image_url' with a 'url'", param);
+  if (iu->is_object())
+    if (const json* d = field(*iu, "detail");
+        d && (!d->is_string() || (*d != "auto" && *d != "low" && *d != "high")))
+      bad("'image_url.detail' must be 'auto', 'low' or 'high'", param);
+  const std::string u = want_string(*url, param);
+  vision::DecodeOptions opt;
+  opt.max_bytes = limits.max_body_bytes;  // the body already bounds it
+  opt.max_pixels = INT64_MAX;             // checked below, with its own error code
+  MessageImage img;
+  img.offset = offset;
+  try {
+    img.bytes = vision::decode_data_url(u, opt.max_bytes);
+  } catch (const Error& e) {
+    bad(std::string("invalid image URL: ") + e.what(), param, "invalid_image_url");
+  }
+  try {
+    const vision::ImageInfo info = vision::probe_image(img.bytes, opt);
+    img.width = info.width;
+    img.height = info.height;
+  } catch (const Error& e) {
+    bad(std::string("invalid image: ") + e.what(), param, "invalid_image_format");
+  }
+  if (img.width * img.height > limits.max_image_pixels)
+    bad("image of " + std::to_string(img.width) + "x" + std::to_string(img.height) + " = " +
+            std::to_string(img.width * img.height) + " pixels exceeds the limit of " +
+            std::to_string(limits.max_image_pixels) + " pixels",
+        param, "image_too_large");
+  return img;
+}
+
+// Message content: a string, or an array of parts: text (joined without a separator) and, where
+// `images` is given (user messages), image_url parts.
+std::string get_content(const json& m, const std::string& param, bool allow_null,
+                        std::vector<MessageImage>* images = nullptr,
+                        const Limits* limits = nullptr) {
   const json* c = field(m, "content");
   if (!c) {
     if (allow_null) return "";
@@ -193,9 +239,14 @@ std::string get_content(const json& m, const std::string& param, bool allow_null
   for (const auto& part : *c) {
     if (!part.is_object() || !field(part, "type") || !part["type"].is_string())
       bad("content parts must be objects with a 'type'", param + ".content");
-    if (part["type"] != "text")
-      bad("content part type '" + part["type"].get<std::string>() +
-              "' is not supported (text only)",
+    const std::string type = part["type"].get<std::string>();
+    if (type == "image_url") {
+      if (!images) bad("image content parts are only allowed in user messages", param + ".content");
+      images->push_back(get_image(part, param + ".content", out.size(), *limits));
+      continue;
+    }
+    if (type != "text")
+      bad("content part type '" + type + "' is not supported (text and image_url only)",
           param + ".content");
     const json* t = field(part, "text");
     if (!t) bad("a text content part needs 'text'", param + ".content");
@@ -210,7 +261,7 @@ bool valid_function_name(const std::string& n) {
   });
 }
 
-Message get_message(const json& m, size_t i) {
+Message get_message(const json& m, size_t i, const Limits& limits) {
   const std::string p = "messages[" + std::to_string(i) + "]";
   if (!m.is_object()) bad("'" + p + "' must be an object, got " + kind(m), p);
   const json* r = field(m, "role");
@@ -218,7 +269,9 @@ Message get_message(const json& m, size_t i) {
   Message msg;
   msg.role = want_string(*r, p + ".role");
   if (const json* n = field(m, "name")) msg.name = want_string(*n, p + ".name");
-  if (msg.role == "system" || msg.role == "developer" || msg.role == "user") {
+  if (msg.role == "user") {
+    msg.content = get_content(m, p, false, &msg.images, &limits);
+  } else if (msg.role == "system" || msg.role == "developer") {
     msg.content = get_content(m, p, false);
   } else if (msg.role == "assistant") {
     msg.content = get_content(m, p, true);
@@ -333,7 +386,14 @@ ChatRequest parse_chat_request(std::string_view body, const Limits& limits) {
   if (ms->empty()) bad("'messages' must not be empty", "messages");
   if (ms->size() > limits.max_messages)
     bad("at most " + std::to_string(limits.max_messages) + " messages are allowed", "messages");
-  for (size_t i = 0; i < ms->size(); ++i) r.messages.push_back(get_message((*ms)[i], i));
+  size_t images = 0;
+  for (size_t i = 0; i < ms->size(); ++i) {
+    r.messages.push_back(get_message((*ms)[i], i, limits));
+    images += r.messages.back().images.size();
+    if (images > limits.max_images)
+      bad("at most " + std::to_string(limits.max_images) + " images are allowed per request",
+          "messages[" + std::to_string(i) + "].content");
+  }
   r.params = get_params(j, limits);
   get_stream(j, r.stream, r.include_usage);
   if (get_bool(j, "logprobs", false)) {
@@ -482,7 +542,21 @@ namespace {
 // Placeholders are substituted in one pass; inserted text is never scanned again. The
 // template's own text goes in as trusted (it may hold special tokens), what it inserts from the
 // request as untrusted.
-void fill(Prompt& p, const std::string& pattern, const Message* m, const std::string& tools = "") {
+// A message's text with its images' placeholder blocks (trusted: the template's markers) at
+// their offsets; blocks[k] belongs to the message's k-th image.
+void add_content(Prompt& p, const Message& m, const std::vector<std::string>& blocks) {
+  size_t at = 0;
+  for (size_t k = 0; k < m.images.size(); ++k) {
+    const size_t off = std::min(m.images[k].offset, m.content.size());
+    p.add(std::string_view(m.content).substr(at, off - at), false);
+    p.add(blocks.at(k), true);
+    at = off;
+  }
+  p.add(std::string_view(m.content).substr(at), false);
+}
+
+void fill(Prompt& p, const std::string& pattern, const Message* m, const std::string& tools = "",
+          const std::vector<std::string>& blocks = {}) {
   std::string literal;
   for (size_t i = 0; i < pattern.size(); ++i) {
     if (pattern[i] == '{') {
@@ -496,7 +570,10 @@ void fill(Prompt& p, const std::string& pattern, const Message* m, const std::st
       for (const auto& [k, v] : keys) {
         if (v && rest.substr(0, k.size()) == k) {
           p.add(std::exchange(literal, {}), true);
-          p.add(*v, false);
+          if (v == &m->content && !m->images.empty())
+            add_content(p, *m, blocks);
+          else
+            p.add(*v, false);
           i += k.size() - 1;
           hit = true;
           break;
@@ -536,7 +613,8 @@ void Prompt::add(std::string_view s, bool trusted) {
     parts.push_back({std::string(s), trusted});
 }
 
-Prompt render_chat(const ChatTemplate& t, const ChatRequest& r) {
+Prompt render_chat(const ChatTemplate& t, const ChatRequest& r,
+                   const std::vector<std::string>& image_blocks) {
   Prompt p;
   p.bos = t.bos;
   p.stop = t.stop;
@@ -551,6 +629,7 @@ Prompt render_chat(const ChatTemplate& t, const ChatRequest& r) {
     }
     fill(p, t.tools, nullptr, list);
   }
+  size_t next_image = 0;
   for (const auto& m : r.messages) {
     if (m.role == "assistant") {
       Message a = m;
@@ -559,7 +638,14 @@ Prompt render_chat(const ChatTemplate& t, const ChatRequest& r) {
     } else if (m.role == "tool") {
       fill(p, t.tool, &m);
     } else {
-      fill(p, m.role == "user" ? t.user : t.system, &m);
+      MYRIAD_CHECK(image_blocks.size() >= next_image + m.images.size(),
+                   "render_chat: ", m.images.size(), " image(s) in a message but only ",
+                   image_blocks.size() - next_image, " placeholder block(s) left");
+      const std::vector<std::string> blocks(
+          image_blocks.begin() + static_cast<std::ptrdiff_t>(next_image),
+          image_blocks.begin() + static_cast<std::ptrdiff_t>(next_image + m.images.size()));
+      next_image += m.images.size();
+      fill(p, m.role == "user" ? t.user : t.system, &m, "", blocks);
     }
   }
   p.add(t.generation, true);

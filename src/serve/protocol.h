@@ -1,8 +1,9 @@
 // The OpenAI wire protocol (docs/SERVING.md): request parsing and validation for
 // /v1/chat/completions and /v1/completions, the chat template (a small key = value format, not
 // Jinja), tool rendering and tool-call parsing of model output, and the response, stream-chunk and
-// error JSON. Depends only on the standard library and nlohmann_json, so the libFuzzer build
-// (tests/fuzz/fuzz_openai_request.cpp) compiles it on its own.
+// error JSON. Depends only on the standard library, nlohmann_json and src/vision/image.cpp (data:
+// URLs and image headers), so the libFuzzer build (tests/fuzz/fuzz_openai_request.cpp) compiles it
+// with those alone.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,8 @@ struct Limits {
   int64_t max_tokens = 4096;        // upper bound of max_tokens per request
   int64_t context = 4096;           // prompt + max_tokens (checked after tokenising)
   size_t max_messages = 1024, max_tools = 128, max_stop = 4;
+  size_t max_images = 16;                       // image content parts per request
+  int64_t max_image_pixels = int64_t{1} << 25;  // width × height of each image, from its header
 };
 
 // Generation parameters as the client sent them (the server maps them to the engine's).
@@ -49,10 +52,22 @@ struct ToolCall {
   bool operator==(const ToolCall&) const = default;
 };
 
+// An image content part ({"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}})
+// of a user message: the decoded bytes of its data: URL, a PNG or JPEG whose header, structure and
+// size were checked (the pixels are decoded later, by vision::decode_image), and where it sat
+// among the text parts.
+struct MessageImage {
+  std::string bytes;
+  size_t offset = 0;  // byte offset in Message::content (images at one offset keep their order)
+  int64_t width = 0, height = 0;
+  bool operator==(const MessageImage&) const = default;
+};
+
 struct Message {
-  std::string role;  // system | developer | user | assistant | tool
-  std::string content, name, tool_call_id;
+  std::string role;                         // system | developer | user | assistant | tool
+  std::string content, name, tool_call_id;  // content: the text parts joined
   std::vector<ToolCall> tool_calls;
+  std::vector<MessageImage> images{};  // user messages only, in content order
 };
 
 struct Tool {
@@ -118,7 +133,11 @@ struct Prompt {
   bool bos = false;
   void add(std::string_view s, bool trusted);  // appends to text and parts
 };
-Prompt render_chat(const ChatTemplate& t, const ChatRequest& r);
+// image_blocks: the placeholder text of every image of the request in message order (the model's
+// <|media_begin|>image<|media_content|><|media_pad|>…<|media_end|>, vision::image_block), put at
+// the images' places in their messages as template text; a request with images needs them.
+Prompt render_chat(const ChatTemplate& t, const ChatRequest& r,
+                   const std::vector<std::string>& image_blocks = {});
 
 // `<tool_call>{"name": N, "arguments": A}</tool_call>` in the text of an assistant message.
 std::string format_tool_call(const ToolCall& c);

@@ -11,7 +11,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/error.h"
+#include "ops/shape.h"
 #include "serve/connections.h"
+#include "vision/image.h"
 
 namespace myriad::serve {
 
@@ -63,6 +66,8 @@ struct Job {
   ChatRequest req;  // chat: messages, tools, tool choice
   Prompt prompt;    // chat: the rendered template
   std::vector<int32_t> ids;
+  Tensor pixel_values;  // the request's images, processed for the model's tower
+  std::vector<vision::Grid> grids;
   infer::SamplingParams sp;
   bool stream = false, include_usage = false, echo = false;
   std::string echo_text;  // completions with echo
@@ -126,7 +131,7 @@ struct Server::Impl {
     if (draining) throw ApiError(503, "the server is shutting down", "", "", "server_error");
     auto f = std::make_shared<Flight>();
     f->fd = FrontServer::current_socket();
-    infer::Request r{job.ids, job.sp};
+    infer::Request r{job.ids, job.sp, job.pixel_values, job.grids};
     try {
       // Every decode step looks at the client's socket: a client that went away cancels the
       // request at once, and its cache pages are freed.
@@ -227,7 +232,7 @@ struct Server::Impl {
   Job chat_job(const httplib::Request& http) {
     Job job;
     job.req = parse_chat_request(http.body, cfg.limits);
-    job.prompt = render_chat(tmpl, job.req);
+    job.prompt = render_chat(tmpl, job.req, images(job));
     job.ids = prompt_ids(tok, job.prompt);
     sampling(job, job.req.params);
     for (const auto& s : job.prompt.stop) job.sp.stop.push_back(s);
@@ -238,6 +243,37 @@ struct Server::Impl {
     job.model = job.req.model;
     job.created = unix_now();
     return job;
+  }
+
+  // Decodes and preprocesses the request's images for the model's tower (MODEL.md §10): their
+  // pixels go on the job, their placeholder blocks (one <|media_pad|> per merged token) into the
+  // prompt. A bad image is the client's error (400).
+  std::vector<std::string> images(Job& job) {
+    std::vector<std::string> blocks;
+    std::vector<Tensor> pixels;
+    const model::ModelConfig& mc = engine.model().config();
+    for (size_t i = 0; i < job.req.messages.size(); ++i)
+      for (const MessageImage& im : job.req.messages[i].images) {
+        const std::string param = "messages[" + std::to_string(i) + "].content";
+        if (!mc.vision)
+          throw ApiError(400, "this model does not accept images (it has no vision tower)", param,
+                         "image_input_not_supported");
+        vision::Processed p;
+        try {
+          vision::DecodeOptions o;
+          o.max_pixels = cfg.limits.max_image_pixels;
+          p = vision::preprocess(vision::decode_image(im.bytes, o),
+                                 vision::PreprocessOptions::from(*mc.vision));
+        } catch (const Error& e) {
+          throw ApiError(400, std::string("invalid image: ") + e.what(), param,
+                         "invalid_image_format");
+        }
+        blocks.push_back(vision::image_block(p.tokens));
+        pixels.push_back(p.pixel_values);
+        job.grids.push_back(p.grid);
+      }
+    if (!pixels.empty()) job.pixel_values = ops::concat(pixels, 0);
+    return blocks;
   }
 
   Job completion_job(const httplib::Request& http) {

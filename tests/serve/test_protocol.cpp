@@ -4,7 +4,9 @@
 // forced tool calls, the streaming tool filter, and the response/chunk shapes.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "serve/protocol.h"
 
@@ -366,4 +368,149 @@ TEST(Protocol, ResponseShapes) {
   const json lp = completion_logprobs_json({{"ab", -0.5, {{"ab", -0.5}, {"c", -1.0}}}}, 3);
   EXPECT_EQ(lp["text_offset"][0], 3);
   EXPECT_EQ(lp["top_logprobs"][0]["c"], -1.0);
+}
+
+namespace {
+
+std::string image_file(const std::string& name) {
+  std::ifstream f(std::string(MYRIAD_SOURCE_DIR) + "/tests/fixtures/images/" + name,
+                  std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string to_base64(const std::string& s) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < s.size(); i += 3) {
+    uint32_t v = uint32_t(uint8_t(s[i])) << 16;
+    if (i + 1 < s.size()) v |= uint32_t(uint8_t(s[i + 1])) << 8;
+    if (i + 2 < s.size()) v |= uint8_t(s[i + 2]);
+    out += k[v >> 18];
+    out += k[(v >> 12) & 63];
+    out += i + 1 < s.size() ? k[(v >> 6) & 63] : '=';
+    out += i + 2 < s.size() ? k[v & 63] : '=';
+  }
+  return out;
+}
+
+std::string image_part(const std::string& url) {
+  return json({{"type", "image_url"}, {"image_url", {{"url", url}}}}).dump();
+}
+
+std::string png_url(const std::string& name) {
+  return "data:image/png;base64," + to_base64(image_file(name));
+}
+
+Limits image_limits() {
+  Limits l = limits();
+  l.max_body_bytes = 1 << 16;
+  return l;
+}
+
+// The ApiError of a chat body whose first message is {"role": role, "content": [parts]}.
+ApiError image_error(const std::string& parts, const Limits& l = image_limits(),
+                     const std::string& role = "user") {
+  try {
+    parse_chat_request(R"({"model": "tiny", "messages": [{"role": ")" + role +
+                           R"(", "content": [)" + parts + "]}]}",
+                       l);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  return ApiError(0, "no error");
+}
+
+}  // namespace
+
+TEST(Protocol, ChatImagePartsParse) {
+  const std::string png = image_file("palette.png"), jpg = image_file("photo.jpg");
+  ASSERT_FALSE(png.empty());
+  ASSERT_FALSE(jpg.empty());
+  const std::string body =
+      R"({"model": "tiny", "messages": [{"role": "system", "content": "describe"},
+          {"role": "user", "content": [{"type": "text", "text": "look: "}, )" +
+      image_part(png_url("palette.png")) + R"(, {"type": "text", "text": " and "},
+          {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,)" +
+      to_base64(jpg) + R"(", "detail": "low"}}, {"type": "text", "text": "?"},
+          {"type": "image_url", "image_url": ")" +
+      png_url("gray16.png") + R"("}]}]})";
+  const ChatRequest r = parse_chat_request(body, image_limits());
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_TRUE(r.messages[0].images.empty());
+  const Message& m = r.messages[1];
+  EXPECT_EQ(m.content, "look:  and ?");
+  ASSERT_EQ(m.images.size(), 3u);
+  EXPECT_EQ(m.images[0], (MessageImage{png, 6, 20, 20}));   // after "look: "
+  EXPECT_EQ(m.images[1], (MessageImage{jpg, 11, 48, 40}));  // after "look:  and "
+  EXPECT_EQ(m.images[2].offset, 12u);                       // at the end
+  EXPECT_EQ(m.images[2].bytes, image_file("gray16.png"));
+  EXPECT_EQ(m.images[2].width, 16);
+  // A plain string content has no images.
+  const ChatRequest s = parse_chat_request(
+      R"({"model": "tiny", "messages": [{"role": "user", "content": "hi"}]})", image_limits());
+  EXPECT_TRUE(s.messages[0].images.empty());
+}
+
+TEST(Protocol, ChatImagePartErrors) {
+  struct Case {
+    std::string parts;
+    std::string code, needle;
+  };
+  const std::string gif = image_file("tiny.gif"), png = image_file("rgb_pad.png");
+  const std::vector<Case> cases = {
+      {image_part("https://example.com/cat.png"), "invalid_image_url", "does not fetch"},
+      {image_part("http://example.com/cat.png"), "invalid_image_url", "does not fetch"},
+      {image_part("file:///etc/passwd"), "invalid_image_url", "expected a data URL"},
+      {image_part("data:image/png,rawbytes"), "invalid_image_url", "base64"},
+      {image_part("data:image/png;base64,@@@@"), "invalid_image_url", "invalid base64"},
+      {image_part("data:image/png;base64,QUJ"), "invalid_image_url", "multiple of 4"},
+      {image_part("data:image/gif;base64," + to_base64(gif)), "invalid_image_url", "image/gif"},
+      {image_part("data:image/png;base64," + to_base64("just some text")), "invalid_image_format",
+       "unrecognised image data"},
+      {image_part("data:image/png;base64," + to_base64(gif)), "invalid_image_format",
+       "unsupported image format GIF"},
+      {image_part("data:image/png;base64," + to_base64(png.substr(0, png.size() / 2))),
+       "invalid_image_format", "truncated PNG"},
+      {R"({"type": "image_url"})", "", "needs 'image_url'"},
+      {R"({"type": "image_url", "image_url": {"detail": "low"}})", "", "needs 'image_url'"},
+      {R"({"type": "image_url", "image_url": {"url": 5}})", "", "must be a string"},
+      {R"({"type": "image_url", "image_url": 5})", "", "needs 'image_url'"},
+      {R"({"type": "image_url", "image_url": {"url": "data:x", "detail": "max"}})", "",
+       "'image_url.detail'"},
+      {R"({"type": "input_audio", "input_audio": {}})", "", "not supported"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.parts.substr(0, 120));
+    const ApiError e = image_error(c.parts);
+    EXPECT_EQ(e.status, 400) << e.what();
+    EXPECT_EQ(e.param, "messages[0].content") << e.what();
+    EXPECT_EQ(e.code, c.code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(c.needle), std::string::npos) << e.what();
+    const json j = error_json(e);
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_EQ(j["error"]["message"], e.what());
+  }
+  // Images only in user messages.
+  for (const char* role : {"system", "developer", "assistant", "tool"}) {
+    const ApiError e = image_error(image_part(png_url("palette.png")), image_limits(), role);
+    EXPECT_EQ(e.status, 400) << role;
+    EXPECT_NE(std::string(e.what()).find("only allowed in user messages"), std::string::npos)
+        << role << ": " << e.what();
+  }
+  // Limits: pixels from the header, images per request.
+  Limits l = image_limits();
+  l.max_image_pixels = 399;  // palette.png is 20 × 20
+  const ApiError big = image_error(image_part(png_url("palette.png")), l);
+  EXPECT_EQ(big.status, 400);
+  EXPECT_EQ(big.code, "image_too_large");
+  EXPECT_NE(std::string(big.what()).find("20x20 = 400 pixels"), std::string::npos) << big.what();
+  l = image_limits();
+  l.max_images = 2;
+  const std::string one = image_part(png_url("palette.png"));
+  EXPECT_EQ(image_error(one + "," + one, l).status, 0);
+  const ApiError many = image_error(one + "," + one + "," + one, l);
+  EXPECT_EQ(many.status, 400);
+  EXPECT_NE(std::string(many.what()).find("at most 2 images"), std::string::npos) << many.what();
 }
