@@ -5,7 +5,9 @@
 # stage-end long-context evals, run the same model without balancing for contrast, post-train it
 # (chat SFT on WordNet dictionary dialogues and calculator tool-use traces, then a few steps of
 # agentic RL on the calculator task; held-out numbers before and after), then talk to it: a
-# generation, and a chat request through the OpenAI-compatible server.
+# generation, and a chat request through the OpenAI-compatible server. Then a short multimodal run
+# (the Fashion-MNIST image tower trained with a small decoder) answers a test image sent to the
+# server as a PNG.
 # Finally size the K3 flagship and benchmark GEMM and element-wise bandwidth.
 # Everything lands in runs/tiny-curriculum-<time>/ (report.html, metrics.jsonl, TensorBoard
 # events, checkpoints, model/).
@@ -56,13 +58,17 @@ echo "post-trained model: $run/rl/model (RL report: $run/rl/report.html)"
 # Talk to it: one generation, then the OpenAI-compatible server with one chat request.
 $myriad generate "$run/model" --prompt "The meaning of the word" --max-tokens 32 --temperature 0
 port=${MYRIAD_PORT:-8765}
-$myriad serve "$run/rl/model" --port "$port" >"$run/serve.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-  sleep 0.2
-done
+# serve MODEL LOG: starts the server in the background and waits until it answers.
+serve() {
+  $myriad serve "$1" --port "$port" >"$2" 2>&1 &
+  server=$!
+  trap 'kill $server 2>/dev/null || true' EXIT
+  for _ in $(seq 100); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    sleep 0.2
+  done
+}
+serve "$run/rl/model" "$run/serve.log"
 echo "POST /v1/chat/completions:"
 curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model": "model", "messages": [{"role": "user", "content": "What does skit mean?"}],
@@ -72,6 +78,26 @@ kill -TERM $server && wait $server || true
 trap - EXIT
 echo "chat with it:  $myriad chat $run/rl/model"
 echo "serve it:      $myriad serve $run/rl/model --port 8000   (OpenAI API at http://127.0.0.1:8000/v1)"
+
+# Vision: a short multimodal run (Fashion-MNIST captions and 2×2 grid questions, a quarter of the
+# rows text; docs/VISION.md has the full 15-minute run), its accuracy on test images, then one test
+# image sent to the OpenAI-compatible server as a PNG data URL.
+vis=$(date +%s)
+$myriad train configs/recipes/vision/fashion-main.toml --out "$run/vision" | grep -v '^\[' || true
+$myriad vision-eval "$run/vision/model" --images 1000 --grid 200 \
+  --save-images "$run/vision/test-images" --save-count 4
+echo "vision took $(( ($(date +%s) - vis) / 60 )) min $(( ($(date +%s) - vis) % 60 )) s"
+serve "$run/vision/model" "$run/vision/serve.log"
+image=$(ls "$run/vision/test-images"/test-0-*.png)
+echo "POST /v1/chat/completions with $image (its class is in the file name):"
+printf '{"model": "model", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user",
+  "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,%s"}},
+              {"type": "text", "text": "What is this?"}]}]}' "$(base64 -w0 "$image")" |
+  curl -sf "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -d @-
+echo
+kill -TERM $server && wait $server || true
+trap - EXIT
+echo "ask it about an image:  $myriad chat $run/vision/model   (then /image FILE)"
 
 build/release/bench_gemm
 build/release/bench_elementwise

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds the release preset (CUDA backend included when
 # nvcc is present; its tests run when a GPU is visible and print as skipped otherwise), runs every
-# test (with the official openai client against the server: chat, and an agent's tool-call loop),
+# test (with the official openai client against the server: chat, an agent's tool-call loop, and
+# images as PNG data URLs),
 # then rebuilds CPU-only with AddressSanitizer + UBSan and runs the tests again.
 # Last, the fuzz targets for the untrusted-input parsers run for a bounded time
 # (MYRIAD_FUZZ_SECONDS per target, default 30 here). MYRIAD_SKIP_ASAN=1 skips the sanitizer pass;
@@ -30,6 +31,10 @@ MYRIAD_OPENAI_CHECK_PYTHON=python3 build/release/test_serve --gtest_filter='Serv
 echo "== an agent through the openai client: tools, tool_calls, tool messages, scored by the RL evaluator =="
 # A briefly SFT-trained calculator model; the client's greedy episodes must equal the engine's.
 scripts/check_agent_openai.sh
+
+echo "== images through the openai client: PNG data URLs answered as the evaluator answers them =="
+# A briefly trained Fashion-MNIST model; bad images must be 400s and the server must keep serving.
+scripts/check_vision_openai.sh
 
 echo "== planner memory prediction vs measured training peaks (within 15%) =="
 scripts/check_plan_memory.sh

@@ -9,6 +9,7 @@
 #include "cli/plan.h"
 #include "cli/serve.h"
 #include "cli/train.h"
+#include "cli/vision.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -41,6 +42,8 @@ int main(int argc, char** argv) {
   myriad::cli::add_eval_command(app, eval_args);
   myriad::cli::AgentArgs agent_args;
   myriad::cli::add_agent_commands(app, agent_args);
+  myriad::cli::VisionArgs vision_args;
+  myriad::cli::add_vision_commands(app, vision_args);
   CLI11_PARSE(app, argc, argv);
   try {
     if (*selfcheck) return myriad::cli::selfcheck(sc);
@@ -52,6 +55,7 @@ int main(int argc, char** argv) {
     if (infer_args.selected()) return myriad::cli::infer_command(infer_args);
     if (*eval_args.cmd) return myriad::cli::eval_command(eval_args);
     if (agent_args.selected()) return myriad::cli::agent_command(agent_args);
+    if (vision_args.selected()) return myriad::cli::vision_command(vision_args);
   } catch (const myriad::Error& e) {
     std::fprintf(stderr, "myriad: error: %s\n", e.what());
     return 1;

@@ -15,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "data/tokenizer.h"
+#include "vision/tower.h"
 
 namespace myriad::data {
 
@@ -39,6 +40,10 @@ struct Batch {
   Tensor input_ids, labels;  // i64 [B, T]; labels are the inputs shifted by one
   Tensor loss_weights;       // f32 [B, T], each label's loss weight; undefined: unweighted shards
   std::vector<std::vector<int64_t>> doc_starts;  // per row: positions where a document begins
+  // Multimodal rows (vision::ImageTextStream): the processed images of the batch, row after row,
+  // whose merged tokens fill the rows' <|media_pad|> placeholders in order; undefined: text only.
+  Tensor pixel_values;
+  std::vector<vision::Grid> grids;
 };
 
 // Documents of one split, in a seeded random order that changes every epoch, concatenated and cut

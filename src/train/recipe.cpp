@@ -1,6 +1,7 @@
 #include "train/recipe.h"
 
 #include "data/synthetic.h"
+#include "data/tokenizer.h"
 
 #include <toml++/toml.h>
 
@@ -44,6 +45,7 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   m.get("preset", r.model_preset);
   m.get("config", r.model_config);
   m.get("init", r.model_init);
+  m.get("vision", r.model_vision);
   if (const toml::node* o = m.node("overrides")) {
     MYRIAD_CHECK(o->is_table(), "model.overrides: expected a table");
     r.model_overrides = to_json(*o, "model.overrides");
@@ -54,6 +56,7 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
                    1,
                "model: give one of model.preset, model.config and model.init");
   if (!r.model_init.empty()) r.model_config = r.model_init;  // its config.json
+  if (!r.model_vision.empty()) one_of("model.vision", r.model_vision, {"tiny"});
 
   Section d(subtable(root, "data"), "data.");
   d.get("tokenizer", r.tokenizer);
@@ -68,8 +71,27 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   d.get("sft_noise", r.sft_noise);
   d.get("sft_examples", r.sft_examples);
   d.get("sft_max_tokens", r.sft_max_tokens);
+  d.get("text_fraction", r.text_fraction);
+  d.get("question_weights", r.question_weights);
+  d.get("vision_eval_images", r.vision_eval_images);
+  d.get("vision_eval_every", r.vision_eval_every);
   d.finish();
-  one_of("data.corpus", r.corpus, {"builtin", "synthetic", "sft"});
+  one_of("data.corpus", r.corpus, {"builtin", "synthetic", "sft", "fashion_mnist"});
+  const bool fm = r.corpus == "fashion_mnist";
+  MYRIAD_CHECK(!fm || !r.model_vision.empty() || !r.model_init.empty(),
+               "data.corpus: \"fashion_mnist\" needs a model with a vision tower (model.vision)");
+  MYRIAD_CHECK(r.text_fraction >= 0 && r.text_fraction < 1,
+               "data.text_fraction: must be in [0, 1), got ", r.text_fraction);
+  MYRIAD_CHECK(r.question_weights.size() == 5,
+               "data.question_weights: five weights (caption, grid_what, grid_where, grid_count, "
+               "grid_exists), got ",
+               r.question_weights.size());
+  for (double x : r.question_weights)
+    MYRIAD_CHECK(x >= 0, "data.question_weights: each must be >= 0, got ", x);
+  MYRIAD_CHECK(r.vision_eval_images >= 0, "data.vision_eval_images: must be >= 0, got ",
+               r.vision_eval_images);
+  MYRIAD_CHECK(r.vision_eval_every >= 0, "data.vision_eval_every: must be >= 0, got ",
+               r.vision_eval_every);
   MYRIAD_CHECK(r.corpus != "sft" || !r.sft_sources.empty(),
                "data.sft_sources: corpus = \"sft\" needs at least one source");
   MYRIAD_CHECK(r.corpus == "sft" || r.sft_sources.empty(),
@@ -234,6 +256,10 @@ model::ModelConfig Recipe::model(int64_t vocab) const {
   model::ModelConfig c;
   try {
     c = model::ModelConfig::from_json(j.dump(), "model.overrides");
+    if (model_vision == "tiny") {  // Myriad's tokenizers hold the image markers at fixed ids
+      c.vision = vision::tiny_vision();
+      c.media_placeholder_token_id = data::kMediaPadId;
+    }
     c.validate();
   } catch (const Error& e) {
     throw Error(cat("model: ", e.what()));

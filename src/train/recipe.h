@@ -68,6 +68,9 @@ struct Recipe {
   // and tokenizer (post-training after pretraining). Exclusive with preset and config.
   std::string model_init;
   nlohmann::json model_overrides = nlohmann::json::object();
+  // [model] vision: "tiny" adds the Fashion-MNIST image tower (vision::tiny_vision, MODEL.md §10)
+  // with Myriad's <|media_pad|> as the placeholder. Empty: text only (or the init model's).
+  std::string model_vision;
 
   // [data]: relative paths are taken inside the run's output directory.
   std::string tokenizer = "tokenizer.model";  // trained when missing
@@ -80,6 +83,15 @@ struct Recipe {
   int64_t sft_examples = 20000;          // conversations per source
   int64_t sft_max_tokens = 256;          // a longer conversation is cut (episode total budget)
   int64_t max_corpus_bytes = 4 << 20;
+  // corpus = "fashion_mnist" (TRAINING.md §9): image conversations (vision::ImageTextStream) with
+  // text rows from the builtin corpus mixed in; question_weights over caption, grid_what,
+  // grid_where, grid_count, grid_exists; vision_eval_images test images captioned at each stage
+  // end (plus a fifth as many of each grid question), logged as vision/* (and every
+  // vision_eval_every steps).
+  double text_fraction = 0.25;
+  std::vector<double> question_weights = {0.6, 0.1, 0.1, 0.1, 0.1};
+  int64_t vision_eval_images = 1000;
+  int64_t vision_eval_every = 0;     // > 0: the same evaluation every N steps too
   std::string shard_dir = "shards";  // built when it has no meta.json
   int64_t shard_tokens = 1 << 20;
   double heldout_fraction = 0.02;

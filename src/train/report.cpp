@@ -360,6 +360,8 @@ void RunReport::ingest(const nlohmann::json& j, bool write) {
     const auto& row = j["stage_summary"];
     std::erase_if(summaries_, [&](const nlohmann::json& o) { return o["stage"] == row["stage"]; });
     summaries_.push_back(row);
+  } else if (j.contains("vision_eval")) {
+    vision_ = j["vision_eval"];
   } else if (j.contains("expert_load")) {
     put(loads_[j.at("layer").get<int64_t>()], j.at("step").get<int64_t>(),
         j["expert_load"].get<std::vector<double>>());
@@ -372,6 +374,10 @@ void RunReport::ingest(const nlohmann::json& j, bool write) {
     jsonl_ << j.dump() << "\n";
     jsonl_.flush();
   }
+}
+
+void RunReport::vision_eval(const nlohmann::json& record) {
+  ingest({{"vision_eval", record}}, true);
 }
 
 void RunReport::scalars(int64_t step, const std::map<std::string, double>& values) {
@@ -633,6 +639,47 @@ std::string RunReport::html() const {
   if (const Series tps = get("perf/tokens_per_s"); !tps.empty())
     o << line_plot("Throughput", "tokens/s", {{"tokens/s", tps}}, marks);
   o << "</div>\n";
+
+  // Vision (TRAINING.md §9): accuracy per question kind over the run, then the last evaluation's
+  // caption confusion and sample test images with the model's replies.
+  if (vision_.is_object()) {
+    std::vector<Line> acc;
+    for (const auto& [k, v] : series_)
+      if (k.rfind("vision/", 0) == 0) acc.push_back({k.substr(7), v});
+    o << "<h2 style=\"margin-top:16px\">Vision</h2>\n<div class=\"grid\">\n";
+    if (!acc.empty()) o << line_plot("Test accuracy (exact match)", "accuracy", acc, marks);
+    o << "</div>\n<p>Step " << vision_.value("step", int64_t{0}) << ":";
+    for (const auto& [k, v] : vision_["accuracy"].items())
+      o << " " << html_escape(k) << " " << format_number(v.get<double>()) << " ("
+        << vision_["asked"].value(k, int64_t{0}) << " asked);";
+    o << "</p>\n<table><tr><th>true \\ reply</th>";
+    const auto& classes = vision_["classes"];
+    for (const auto& c : classes) o << "<th>" << html_escape(c.get<std::string>()) << "</th>";
+    o << "<th>other</th></tr>\n";
+    for (size_t i = 0; i < vision_["confusion"].size(); ++i) {
+      const auto& row = vision_["confusion"][i];
+      int64_t total = 0;
+      for (const auto& x : row) total += x.get<int64_t>();
+      o << "<tr><th>" << html_escape(classes[i].get<std::string>()) << "</th>";
+      for (size_t k = 0; k < row.size(); ++k) {
+        const int64_t n = row[k].get<int64_t>();
+        const double f = total ? static_cast<double>(n) / static_cast<double>(total) : 0.0;
+        o << "<td style=\"background:rgba(" << (k == i ? "40,140,60," : "200,40,40,")
+          << format_number(f) << ")\">" << n << "</td>";
+      }
+      o << "</tr>\n";
+    }
+    o << "</table>\n<div style=\"display:flex;flex-wrap:wrap;gap:8px;margin-top:8px\">\n";
+    for (const auto& sm : vision_.value("samples", nlohmann::json::array())) {
+      const bool ok = sm["label"] == sm["reply"];
+      o << "<figure style=\"margin:0;text-align:center\"><img width=\"84\" height=\"84\" "
+           "style=\"image-rendering:pixelated\" src=\"data:image/png;base64,"
+        << sm["png"].get<std::string>() << "\"><figcaption style=\"color:" << (ok ? "#282" : "#c22")
+        << "\">" << html_escape(sm["reply"].get<std::string>()) << "<br><small>("
+        << html_escape(sm["label"].get<std::string>()) << ")</small></figcaption></figure>\n";
+    }
+    o << "</div>\n";
+  }
 
   // Agentic RL (train/rl.h): held-out pass rates per environment, then the per-step statistics
   // of the rollouts and the update; the contrast run's main curves alongside.

@@ -52,6 +52,9 @@ class RunReport {
   void add_contrast(const std::string& label, const std::string& other_dir);
   // Per-expert loads (c_j/q or counts) of one MoE layer at a step, for the heatmaps.
   void expert_load(int64_t step, int64_t layer, const std::vector<double>& loads);
+  // A multimodal evaluation (vision::eval_record: accuracy per question kind, the caption
+  // confusion, sample images with replies); the report shows the last one.
+  void vision_eval(const nlohmann::json& record);
   void write_html() const;  // report.html from everything recorded so far
   std::string html() const;
   const std::string& dir() const { return dir_; }
@@ -75,6 +78,7 @@ class RunReport {
   std::map<int64_t, std::vector<std::pair<int64_t, std::vector<double>>>> loads_;  // by layer
   std::vector<Grid> grids_;
   std::vector<nlohmann::json> summaries_;
+  nlohmann::json vision_;  // the last vision_eval record
   std::string contrast_label_;
   std::map<std::string, std::vector<std::pair<int64_t, double>>> contrast_;
 };

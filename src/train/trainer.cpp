@@ -29,6 +29,7 @@
 #include "train/mixed_precision.h"
 #include "train/report.h"
 #include "train/signals.h"
+#include "vision/fashion_mnist.h"
 
 namespace myriad::train {
 
@@ -73,10 +74,12 @@ NamedParams Trainer::optimizer_params(const model::Decoder& dec) {
 Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                               const Tensor& labels_BT, int64_t segment_len, bool detach_state,
                               const std::function<Tensor()>& after_forward, bool recompute,
-                              const Tensor& weights_BT) {
+                              const Tensor& weights_BT, const Tensor& image_embeds) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), d = dec.config().hidden_size;
   const int64_t L = segment_len > 0 && segment_len < T ? segment_len : T;
   MYRIAD_CHECK(T % L == 0, "trainer: segment_len ", L, " does not divide the sequence length ", T);
+  MYRIAD_CHECK(!image_embeds.defined() || L == T,
+               "trainer: image rows train in one pass (segment_len must be 0)");
   // Weighted rows: segment s's weighted mean counts by its share of the counted weight.
   std::vector<double> share;
   if (weights_BT.defined() && L < T) {
@@ -100,7 +103,8 @@ Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
                       : L < T               ? ops::contiguous(ops::slice(weights_BT, 1, s, s + L))
                                             : weights_BT;
     model::ForwardOutput f =
-        dec.forward(x, cache ? &*cache : nullptr, {.logits = false, .recompute = recompute});
+        dec.forward(x, cache ? &*cache : nullptr,
+                    {.logits = false, .recompute = recompute, .image_embeds = image_embeds});
     const Tensor extra = after_forward ? after_forward() : Tensor();
     Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * L, d}), head,
                                             ops::reshape(y, {B * L}), 1024,
@@ -198,6 +202,10 @@ struct Trainer::Impl {
   std::map<int64_t, Balancer> bal;  // by decoder layer
   std::optional<data::TokenStream> stream;
   std::string stream_dir;  // the shard directory `stream` reads
+  // corpus = "fashion_mnist": the image conversations with text rows from `stream_dir` mixed in
+  // (it reads its own cursor over the same shards); `test_images` for the stage-end evaluation.
+  std::unique_ptr<vision::ImageTextStream> images;
+  std::optional<vision::ImageSet> test_images;
   std::optional<CheckpointManager> ckpt;
   std::optional<RunReport> report;
   std::optional<EventWriter> events;
@@ -262,7 +270,16 @@ struct Trainer::Impl {
       tok.emplace(data::Tokenizer::load(tok_path));
     } else {
       MYRIAD_CHECK(!docs.empty(), "data: the ", r.corpus, " corpus is empty");
-      tok.emplace(data::Tokenizer::train(docs, static_cast<int>(r.vocab_size), tok_path));
+      std::vector<std::string> tdocs = docs;
+      if (r.corpus == "fashion_mnist") {  // the questions and answers tokenise well too
+        const vision::ImageSet probe = vision::synthetic_images(2000, r.seed);
+        for (int64_t i = 0; i < 2000; ++i) {
+          const vision::Example e = vision::make_example(
+              probe, static_cast<vision::Question>(i % vision::kQuestionKinds), r.seed, i);
+          tdocs.push_back(e.question + "\n" + e.answer);
+        }
+      }
+      tok.emplace(data::Tokenizer::train(tdocs, static_cast<int>(r.vocab_size), tok_path));
     }
     if (!fs::exists(fs::path(shard_dir) / "meta.json")) {
       if (r.corpus == "sft") {
@@ -339,6 +356,15 @@ struct Trainer::Impl {
       build_long_mix(i, dir);
     stream.emplace(dir, "train", r.seed);
     stream_dir = dir;
+    if (r.corpus == "fashion_mnist") {
+      vision::TaskMix mix;
+      std::copy(r.question_weights.begin(), r.question_weights.end(), mix.weights.begin());
+      mix.text_fraction = r.text_fraction;
+      images = std::make_unique<vision::ImageTextStream>(
+          vision::fashion_or_synthetic("train", 6000, r.seed), *tok, *dec->config().vision, mix,
+          std::make_unique<data::TokenStream>(dir, "train", r.seed + 1), r.seed);
+      if (!test_images) test_images = vision::fashion_or_synthetic("test", 1000, r.seed);
+    }
     MYRIAD_CHECK(stream->vocab_size() <= dec->config().vocab_size, "data: shards in ", dir,
                  " have vocab ", stream->vocab_size(), " > the model's ", dec->config().vocab_size);
   }
@@ -366,6 +392,7 @@ struct Trainer::Impl {
     s.rng_offset = static_cast<uint64_t>(step);
     s.data_cursor = stream->state().to_json();
     s.recipe = r.text;
+    if (images) s.extra["image_stream"] = images->state();
     s.extra["config"] = dec->config().to_json();
     s.extra["data_dir"] = fs::path(stream_dir).lexically_relative(out).string();
     s.extra["monitor"] = mon.state();
@@ -403,6 +430,8 @@ struct Trainer::Impl {
                         s.extra["data_dir"].get<std::string>() ==
                             fs::path(stream_dir).lexically_relative(out).string();
       if (same) stream->restore(data::TokenStream::State::from_json(s.data_cursor));
+      if (same && images && s.extra.is_object() && s.extra.contains("image_stream"))
+        images->restore(s.extra["image_stream"].get<std::string>());
     }
     // Stages that ended after the checkpoint end again (and are evaluated again) on the way back.
     std::erase_if(stages, [&](const StageResult& st) { return st.end_step > s.step; });
@@ -488,8 +517,15 @@ struct Trainer::Impl {
     const int64_t seg = sp.segment_len > 0 && sp.segment_len < sp.seq_len ? sp.segment_len : 0;
     const int64_t L = seg ? seg : sp.seq_len;
     for (int64_t mb = 0; mb < n_micro; ++mb) {
-      const data::Batch b =
-          stream->next(sp.batch_size, sp.seq_len, sp.data_mix == "long" || r.corpus == "sft");
+      const data::Batch b = images ? images->next(sp.batch_size, sp.seq_len)
+                                   : stream->next(sp.batch_size, sp.seq_len,
+                                                  sp.data_mix == "long" || r.corpus == "sft");
+      const Tensor embeds =
+          b.pixel_values.defined()
+              ? d.encode_images(
+                    b.pixel_values.to(d.weights().get("model.embed_tokens.weight").dtype()),
+                    b.grids)
+              : Tensor();
       double aux_mb = 0;
       // The balancers see every segment's routing; in aux_loss mode each MoE layer adds its
       // α n Σ f_j P_j term (per sequence of the segment with aux_scope = "sequence").
@@ -511,7 +547,7 @@ struct Trainer::Impl {
               aux_mb += aux.item() * static_cast<double>(L) / static_cast<double>(sp.seq_len);
             return aux;
           },
-          sp.recompute, b.loss_weights);
+          sp.recompute, b.loss_weights, embeds);
       Tensor scaled = ops::mul(loss, 1.0 / static_cast<double>(n_micro));
       if (poison && mb == 0) scaled = ops::mul(scaled, std::numeric_limits<double>::quiet_NaN());
       scaled.backward();
@@ -613,6 +649,7 @@ struct Trainer::Impl {
                           {"heldout_loss", hl},    {"tokens", tokens_at(step)},
                           {"wall_seconds", wall()}};
     if (!hist.empty() && hist.back().step == step) row["train_loss"] = hist.back().loss;
+    if (images && r.vision_eval_images > 0) evaluate_vision(row);
     const StageOutcome* o = nullptr;
     if (evaluator) {
       o = &evaluate(i, hl);
@@ -636,6 +673,28 @@ struct Trainer::Impl {
     if (report) report->stage_summary(row);
     if (report && r.log_html) report->write_html();
     return o;
+  }
+
+  // TRAINING.md §9: greedy answers to test images (captions and each grid question kind).
+  void evaluate_vision(nlohmann::json& row) {
+    const auto t0 = Clock::now();
+    const int64_t n = r.vision_eval_images;
+    const vision::FashionEval ev =
+        vision::evaluate_fashion(*dec, *tok, *test_images, n, std::max<int64_t>(1, n / 5), r.seed);
+    std::map<std::string, double> v;
+    for (int k = 0; k < vision::kQuestionKinds; ++k) {
+      const auto q = static_cast<vision::Question>(k);
+      v[std::string("vision/") + vision::question_name(q)] = ev.accuracy(q);
+      row[std::string("vision_") + vision::question_name(q)] = ev.accuracy(q);
+    }
+    log(step, v);
+    if (report) report->vision_eval(vision::eval_record(step, ev, *test_images));
+    if (!quiet) {
+      std::printf("vision eval (%.0f s):",
+                  std::chrono::duration<double>(Clock::now() - t0).count());
+      for (const auto& [k, x] : v) std::printf("  %s %.3f", k.c_str() + 7, x);
+      std::printf("\n");
+    }
   }
 
   // §6 grids (through infer::Engine, on its own thread) and the §5.4 gate; §5.4 (4) looks for a
@@ -691,6 +750,11 @@ void Trainer::run(bool resume) {
     const size_t si = m.stage_of(m.step);
     m.use_stage_data(si);
     m.train_step(m.r.stages[si]);
+    if (m.images && m.r.vision_eval_every > 0 && m.step % m.r.vision_eval_every == 0 &&
+        m.step != m.stage_end(si)) {
+      nlohmann::json unused;
+      m.evaluate_vision(unused);  // the accuracy curve between stage ends
+    }
     if (m.step == m.stage_end(si)) {
       const StageOutcome* o = m.end_stage(si);
       if (on_stage_end) {

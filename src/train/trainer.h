@@ -89,6 +89,8 @@ class Trainer {
   // [B, T], optional): per-label loss weights, the loss then being their weighted mean.
   // after_forward runs after each segment's forward; a defined tensor it returns (e.g. the
   // auxiliary balancing loss) is added to that segment's loss with the same L / T weight.
+  // image_embeds: the rows that replace the placeholders of ids (model::ForwardOptions), one
+  // pass only.
   // The parameters the optimiser updates: every trainable weight except the balancer-owned
   // selection biases, by checkpoint name. Call after weights().requires_grad_(true), which
   // replaces the tensors.
@@ -108,7 +110,8 @@ class Trainer {
                               const Tensor& labels_BT, int64_t segment_len = 0,
                               bool detach_state = false,
                               const std::function<Tensor()>& after_forward = {},
-                              bool recompute = false, const Tensor& weights_BT = Tensor());
+                              bool recompute = false, const Tensor& weights_BT = Tensor(),
+                              const Tensor& image_embeds = Tensor());
 
  private:
   struct Impl;
