@@ -570,7 +570,7 @@ void fill(Prompt& p, const std::string& pattern, const Message* m, const std::st
       for (const auto& [k, v] : keys) {
         if (v && rest.substr(0, k.size()) == k) {
           p.add(std::exchange(literal, {}), true);
-          if (v == &m->content && !m->images.empty())
+          if (m && v == &m->content && !m->images.empty())
             add_content(p, *m, blocks);
           else
             p.add(*v, false);
