@@ -5,7 +5,8 @@
 # corrupt PNGs and GIFs must be 400s (openai.BadRequestError) and the server must keep serving.
 #   scripts/check_vision_openai.sh [MODEL_DIR [N]]
 # MODEL_DIR: a model with a vision tower; without it, a small one is trained for the check (150
-# steps of configs/recipes/vision/fashion-main.toml, about a minute). N: test images (default 50). MYRIAD_BIN: the myriad binary (default build/release/myriad, else build/cpu/myriad);
+# steps of configs/recipes/vision/fashion-main.toml). N: test images (default 50).
+# MYRIAD_BIN: the myriad binary (default build/release/myriad, else build/cpu/myriad);
 # MYRIAD_OPENAI_CHECK_PYTHON: the python (default python3; openai is installed into
 # tools/reference/.venv when it lacks it); MYRIAD_PORT: the port (default 8781).
 set -euo pipefail
