@@ -6,6 +6,7 @@ PKGS=(cmake ninja-build g++ ccache clang-format pkg-config
       libdnnl-dev ocl-icd-opencl-dev  # oneDNN's CMake config asks for OpenCL (only a Recommends)
       libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
       libsentencepiece-dev libtomlplusplus-dev zlib1g-dev libcpp-httplib-dev curl
+      libpcre2-dev  # the split regexes of tiktoken and tokenizer.json BPE tokenizers
       wordnet-base dict-gcide  # the built-in training text, read at run time
       dataset-fashion-mnist libstb-dev  # the built-in images (read at run time) and the image decoder
       clang libclang-rt-14-dev libomp-dev  # the libFuzzer targets
