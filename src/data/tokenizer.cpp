@@ -4,10 +4,12 @@
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "data/bpe.h"
 
 namespace myriad::data {
 namespace {
@@ -49,7 +51,7 @@ class DocLines : public sentencepiece::SentenceIterator {
 
 }  // namespace
 
-Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+Tokenizer::Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
@@ -97,6 +99,7 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& docs, int vocab_size,
     MYRIAD_CHECK(f.good(), "Tokenizer::train: write to ", model_path, " failed");
   }
   Tokenizer t;
+  t.sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   st = t.sp_->LoadFromSerializedProto(proto);
   MYRIAD_CHECK(st.ok(), "Tokenizer::train: cannot load the trained model: ", st.ToString());
   t.index_specials();
@@ -105,6 +108,7 @@ Tokenizer Tokenizer::train(const std::vector<std::string>& docs, int vocab_size,
 
 Tokenizer Tokenizer::load(const std::string& model_path) {
   Tokenizer t;
+  t.sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   auto st = t.sp_->Load(model_path);
   MYRIAD_CHECK(st.ok(), "Tokenizer::load: ", model_path, ": ", st.ToString());
   MYRIAD_CHECK(t.sp_->bos_id() == 1 && t.sp_->eos_id() == 2 && t.sp_->pad_id() == 3,
@@ -112,6 +116,28 @@ Tokenizer Tokenizer::load(const std::string& model_path) {
                " was not trained by Myriad (expected bos=1 eos=2 pad=3)");
   t.index_specials();
   return t;
+}
+
+Tokenizer Tokenizer::from_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  MYRIAD_CHECK(fs::is_directory(dir), "Tokenizer::from_dir: ", dir, " is not a directory");
+  const fs::path d(dir);
+  if (fs::exists(d / "tiktoken.model") || fs::exists(d / "tokenizer.json")) {
+    Tokenizer t;
+    t.bpe_ = fs::exists(d / "tiktoken.model") ? BpeTokenizer::load_tiktoken(dir)
+                                              : BpeTokenizer::load_hf(dir);
+    t.specials_ = t.bpe_->special_tokens();
+    t.bos_ = t.bpe_->bos(), t.eos_ = t.bpe_->eos(), t.pad_ = t.bpe_->pad(), t.unk_ = t.bpe_->unk();
+    return t;
+  }
+  if (fs::exists(d / "tokenizer.model")) return load((d / "tokenizer.model").string());
+  throw Error(cat("Tokenizer::from_dir: ", dir,
+                  " has no tokenizer: looked for tiktoken.model (with tokenizer_config.json), ",
+                  "tokenizer.json and tokenizer.model"));
+}
+
+std::string Tokenizer::kind() const {
+  return bpe_ ? bpe_->kind() : "sentencepiece";
 }
 
 void Tokenizer::index_specials() {
@@ -123,14 +149,21 @@ void Tokenizer::index_specials() {
 }
 
 bool Tokenizer::is_special(int32_t id) const {
+  if (bpe_) return bpe_->is_special(id);
   return id >= 0 && id < vocab_size() && sp_->IsControl(id);
 }
 
 bool Tokenizer::is_byte(int32_t id) const {
+  if (bpe_) {
+    if (id < 0 || id >= vocab_size() || bpe_->is_special(id)) return false;
+    const std::string_view b = bpe_->token_bytes(id);
+    return b.size() == 1 && static_cast<unsigned char>(b[0]) >= 0x80;
+  }
   return id >= 0 && id < vocab_size() && sp_->IsByte(id);
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  if (bpe_) return bpe_->encode(text);
   std::vector<int> ids;
   auto st = sp_->Encode(text, &ids);
   MYRIAD_CHECK(st.ok(), "Tokenizer::encode: ", st.ToString());
@@ -138,6 +171,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 }
 
 std::vector<int32_t> Tokenizer::encode_parts(const std::vector<TextPart>& parts) const {
+  if (bpe_) {
+    // One text, so the pre-tokenizer sees the parts together; specials only inside trusted ones.
+    std::string text;
+    std::vector<ByteSpan> trusted;
+    for (const TextPart& p : parts) {
+      if (p.trusted) trusted.push_back({text.size(), text.size() + p.text.size()});
+      text += p.text;
+    }
+    return bpe_->encode(text, trusted);
+  }
   std::vector<int32_t> out;
   std::string plain;  // text not yet encoded
   const auto flush = [&] {
@@ -173,6 +216,13 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   for (int32_t id : ids)
     MYRIAD_CHECK(id >= 0 && id < vocab_size(), "Tokenizer::decode: id ", id,
                  " outside the vocabulary [0, ", vocab_size(), ")");
+  if (bpe_) {
+    std::string out;
+    for (int32_t id : ids)
+      if (!is_special(id) || (id != bos() && id != eos() && id != pad()))
+        out += bpe_->token_bytes(id);
+    return out;
+  }
   // Runs of ids between markers decode as SentencePiece does (bos/eos/pad to nothing).
   std::string out;
   std::vector<int> run;
@@ -196,7 +246,7 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 int Tokenizer::vocab_size() const {
-  return sp_->GetPieceSize();
+  return bpe_ ? bpe_->vocab_size() : sp_->GetPieceSize();
 }
 
 }  // namespace myriad::data

@@ -1,11 +1,21 @@
-// SentencePiece BPE tokenizer with byte fallback, trained deterministically (one thread, fixed
-// settings), so the same corpus always yields the same model bytes.
+// Tokenizers, one interface over three kinds (kind()):
+//  - "sentencepiece": the SentencePiece BPE with byte fallback that Myriad trains, trained
+//    deterministically (one thread, fixed settings), so the same corpus always yields the same
+//    model bytes. Its special tokens are control symbols: <s>, </s>, <pad> and the chat
+//    template's markers (kChatMarkers); bos/eos/pad/unk are 1/2/3/0.
+//  - "tiktoken" and "hf-bpe": the byte-level BPE tokenizers published checkpoints ship
+//    (tiktoken.model as Kimi's, tokenizer.json as DeepSeek-V3's; data/bpe.h), encoding exactly as
+//    the Python tiktoken and tokenizers packages do. bos/eos/pad/unk come from
+//    tokenizer_config.json, -1 when it names none (pad() falls back to eos()).
+// from_dir() picks the kind from the files of a model directory.
 //
-// Special tokens are SentencePiece control symbols: <s>, </s>, <pad> and the chat template's
-// markers (kChatMarkers). encode() never yields them, whatever the text holds, so text from a
-// client cannot forge a role or end marker (HF's split_special_tokens, llama.cpp's
-// parse_special = false); only encode_parts() turns the literal text of a special token into its
-// id, and only in the parts marked trusted (what a chat template itself wrote).
+// encode() never yields a special token, whatever the text holds, so text from a client cannot
+// forge a role or end marker (HF's split_special_tokens, llama.cpp's parse_special = false);
+// only encode_parts() turns the literal text of a special token into its id, and only in the
+// parts marked trusted (what a chat template itself wrote). (A tokenizer.json's non-special
+// added tokens are ordinary vocabulary: the reference matches them in any text, and so does
+// encode().) Any bytes encode, valid UTF-8 or not; decode() returns bytes, so one token may end
+// inside a UTF-8 character.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,6 +29,8 @@ class SentencePieceProcessor;
 }
 
 namespace myriad::data {
+
+class BpeTokenizer;
 
 // The default chat template's role and end markers, control tokens of every tokenizer Myriad
 // trains (ids 4..8, after unk, bos, eos, pad).
@@ -44,6 +56,10 @@ class Tokenizer {
   static Tokenizer train(const std::vector<std::string>& docs, int vocab_size,
                          const std::string& model_path);
   static Tokenizer load(const std::string& model_path);
+  // The tokenizer of a model directory, by the files present: tiktoken.model (with
+  // tokenizer_config.json), else tokenizer.json, else tokenizer.model (SentencePiece, as load()).
+  static Tokenizer from_dir(const std::string& dir);
+  std::string kind() const;  // "sentencepiece" | "tiktoken" | "hf-bpe"
 
   // Plain text: never yields a special token id.
   std::vector<int32_t> encode(std::string_view text) const;
@@ -56,12 +72,15 @@ class Tokenizer {
   // The special tokens (control symbols) as (literal text, id), longest text first.
   const std::vector<std::pair<std::string, int32_t>>& special_tokens() const { return specials_; }
   bool is_special(int32_t id) const;
-  bool is_byte(int32_t id) const;  // a byte-fallback piece <0x00> .. <0xFF>
+  // A byte-fallback piece <0x00> .. <0xFF>; for a byte-level BPE a token of one byte 0x80..0xFF
+  // (part of a character, never a character of its own).
+  bool is_byte(int32_t id) const;
   int vocab_size() const;
-  int bos() const { return 1; }
-  int eos() const { return 2; }
-  int pad() const { return 3; }
-  int unk() const { return 0; }
+  // -1 when the tokenizer has none (only BPE tokenizers may lack one); pad() is eos() then.
+  int bos() const { return bos_; }
+  int eos() const { return eos_; }
+  int pad() const { return pad_ >= 0 ? pad_ : eos_; }
+  int unk() const { return unk_; }
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -70,8 +89,10 @@ class Tokenizer {
  private:
   Tokenizer();
   void index_specials();
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // or
+  std::unique_ptr<BpeTokenizer> bpe_;
   std::vector<std::pair<std::string, int32_t>> specials_;
+  int32_t bos_ = 1, eos_ = 2, pad_ = 3, unk_ = 0;
 };
 
 }  // namespace myriad::data

@@ -25,6 +25,8 @@ TEST(Tokenizer, RoundTripAndSpecials) {
   EXPECT_EQ(tok.bos(), 1);
   EXPECT_EQ(tok.eos(), 2);
   EXPECT_EQ(tok.pad(), 3);
+  EXPECT_EQ(tok.unk(), 0);
+  EXPECT_EQ(tok.kind(), "sentencepiece");
   for (std::string s :
        {"The farmer watches the green field.", "The pass key is 48213.",
         "naïve café — 日本語 🙂", "two  spaces\nand a newline\ttab", "x"}) {
