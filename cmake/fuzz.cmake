@@ -11,7 +11,8 @@ if(MYRIAD_FUZZ)
   set(MYRIAD_FUZZ_SAN -fsanitize=address,undefined -fno-sanitize-recover=undefined
       -fno-omit-frame-pointer -g)
   file(GLOB MYRIAD_FUZZ_SOURCES CONFIGURE_DEPENDS
-    src/core/*.cpp src/io/*.cpp src/model/config.cpp src/serve/protocol.cpp src/vision/image.cpp)
+    src/core/*.cpp src/io/*.cpp src/model/config.cpp src/serve/protocol.cpp src/serve/jinja.cpp
+    src/vision/image.cpp)
   add_library(myriad_fuzz_lib OBJECT ${MYRIAD_FUZZ_SOURCES})
   target_include_directories(myriad_fuzz_lib PUBLIC src)
   target_compile_options(myriad_fuzz_lib PRIVATE ${MYRIAD_WARNINGS} ${MYRIAD_FUZZ_SAN}
