@@ -270,6 +270,17 @@ std::span<const uint8_t> SafetensorsFile::raw(const std::string& name) const {
   return {data_ + i.begin, i.nbytes()};
 }
 
+RawTensor SafetensorsFile::load_raw(const std::string& name) const {
+  const TensorInfo& i = info(name);
+  return {.st_dtype = i.st_dtype, .shape = i.shape, .bytes = {data_ + i.begin, i.nbytes()}};
+}
+
+size_t st_dtype_size(std::string_view st_dtype) {
+  for (const auto& d : kDTypes)
+    if (st_dtype == d.name) return d.size;
+  return 0;
+}
+
 Tensor SafetensorsFile::load(const std::string& name, Device device) const {
   const TensorInfo& i = info(name);
   MYRIAD_CHECK(i.supported, path_, ": tensor '", name, "' has dtype ", i.st_dtype,
@@ -391,6 +402,10 @@ Tensor Checkpoint::load(const std::string& name, Device device) const {
   return shard_for(name).load(name, device);
 }
 
+RawTensor Checkpoint::load_raw(const std::string& name) const {
+  return shard_for(name).load_raw(name);
+}
+
 size_t Checkpoint::num_shards_opened() const {
   std::lock_guard<std::mutex> lock(shards_->mu);
   return shards_->open.size();
@@ -400,19 +415,23 @@ size_t Checkpoint::num_shards_opened() const {
 
 namespace {
 
+// One header entry: what a tensor of either writer contributes.
+struct HeaderEntry {
+  std::string dtype{};
+  Shape shape{};
+  uint64_t nbytes = 0;
+};
+
 // The header text, padded with spaces to a multiple of 8 bytes; offsets follow name order.
-std::string header_for(const std::map<std::string, Tensor>& tensors, const Metadata& metadata) {
+std::string header_text(const std::map<std::string, HeaderEntry>& entries,
+                        const Metadata& metadata) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   uint64_t off = 0;
-  for (const auto& [name, t] : tensors) {  // std::map: sorted by name
+  for (const auto& [name, e] : entries) {  // std::map: sorted by name
     MYRIAD_CHECK(name != "__metadata__", "safetensors save: '__metadata__' is not a tensor name");
-    MYRIAD_CHECK(t.defined(), "safetensors save: tensor '", name, "' is undefined");
-    MYRIAD_CHECK(!t.is_released(), "safetensors save: tensor '", name, "' was released");
-    uint64_t n = t.nbytes();
-    h[name] = {
-        {"dtype", st_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {off, off + n}}};
-    off += n;
+    h[name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {off, off + e.nbytes}}};
+    off += e.nbytes;
   }
   std::string s;
   try {
@@ -422,6 +441,45 @@ std::string header_for(const std::map<std::string, Tensor>& tensors, const Metad
   }
   s.append((8 - s.size() % 8) % 8, ' ');
   return s;
+}
+
+std::string header_for(const std::map<std::string, Tensor>& tensors, const Metadata& metadata) {
+  std::map<std::string, HeaderEntry> entries;
+  for (const auto& [name, t] : tensors) {
+    MYRIAD_CHECK(t.defined(), "safetensors save: tensor '", name, "' is undefined");
+    MYRIAD_CHECK(!t.is_released(), "safetensors save: tensor '", name, "' was released");
+    entries[name] = {.dtype = st_name(t.dtype()), .shape = t.shape(), .nbytes = t.nbytes()};
+  }
+  return header_text(entries, metadata);
+}
+
+std::string header_for_raw(const std::map<std::string, RawEntry>& tensors,
+                           const Metadata& metadata) {
+  std::map<std::string, HeaderEntry> entries;
+  for (const auto& [name, t] : tensors) {
+    const size_t size = st_dtype_size(t.st_dtype);
+    MYRIAD_CHECK(size > 0, "safetensors save: tensor '", name, "' has unknown dtype '", t.st_dtype,
+                 "'");
+    for (int64_t d : t.shape)
+      MYRIAD_CHECK(d >= 0, "safetensors save: tensor '", name, "' has shape ", shape_str(t.shape));
+    const uint64_t want = static_cast<uint64_t>(shape_numel(t.shape)) * size;
+    MYRIAD_CHECK(t.bytes.size() == want, "safetensors save: tensor '", name, "' of shape ",
+                 shape_str(t.shape), " and dtype ", t.st_dtype, " needs ", want, " bytes, given ",
+                 t.bytes.size());
+    entries[name] = {.dtype = t.st_dtype, .shape = t.shape, .nbytes = want};
+  }
+  return header_text(entries, metadata);
+}
+
+void emit_raw(const std::string& header, const std::map<std::string, RawEntry>& tensors,
+              const io::WriteFn& w) {
+  uint64_t n = header.size();
+  uint8_t len[8];
+  std::memcpy(len, &n, 8);
+  w({len, 8});
+  w({reinterpret_cast<const uint8_t*>(header.data()), header.size()});
+  for (const auto& kv : tensors)
+    if (!kv.second.bytes.empty()) w({kv.second.bytes.data(), kv.second.bytes.size()});
 }
 
 // Streams the file image; each tensor is copied to the host only while it is written.
@@ -452,6 +510,20 @@ std::vector<uint8_t> serialize(const std::map<std::string, Tensor>& tensors,
     pos += b.size();
   });
   return out;
+}
+
+std::vector<uint8_t> serialize_raw(const std::map<std::string, RawEntry>& tensors,
+                                   const Metadata& metadata) {
+  std::vector<uint8_t> out;
+  emit_raw(header_for_raw(tensors, metadata), tensors,
+           [&](std::span<const uint8_t> b) { out.insert(out.end(), b.begin(), b.end()); });
+  return out;
+}
+
+void save_raw(const std::string& path, const std::map<std::string, RawEntry>& tensors,
+              const Metadata& metadata) {
+  std::string header = header_for_raw(tensors, metadata);
+  io::write_file_atomic(path, [&](const io::WriteFn& w) { emit_raw(header, tensors, w); });
 }
 
 void save(const std::string& path, const std::map<std::string, Tensor>& tensors,

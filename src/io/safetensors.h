@@ -11,6 +11,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -31,6 +32,21 @@ struct TensorInfo {
   uint64_t nbytes() const { return end - begin; }
 };
 
+// A tensor's bytes as stored, for any dtype of the format (F8_E4M3, F8_E5M2, F8_E8M0, I8, U16, ...
+// as well as the ones load() converts): quantized checkpoints are read this way. `bytes` points
+// into the file's mapping and stays valid while the SafetensorsFile or Checkpoint it came from (or
+// a copy of it) lives.
+struct RawTensor {
+  std::string st_dtype{};  // as in the file
+  Shape shape{};
+  std::span<const uint8_t> bytes{};
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+// Bytes per element of a safetensors dtype name ("F8_E4M3" -> 1, "I32" -> 4); 0 for a name the
+// format does not have.
+size_t st_dtype_size(std::string_view st_dtype);
+
 // One .safetensors file. Copies share the mapping; load() copies out of it.
 class SafetensorsFile {
  public:
@@ -50,6 +66,8 @@ class SafetensorsFile {
   Tensor load(const std::string& name, Device device = kCPU) const;
   // The raw bytes of a tensor inside the mapping (valid while this object or a copy lives).
   std::span<const uint8_t> raw(const std::string& name) const;
+  // The tensor as stored, of any dtype (see RawTensor).
+  RawTensor load_raw(const std::string& name) const;
 
  private:
   struct Buffer;
@@ -78,6 +96,8 @@ class Checkpoint {
   bool contains(const std::string& name) const { return weight_map_.count(name) != 0; }
   TensorInfo info(const std::string& name) const;
   Tensor load(const std::string& name, Device device = kCPU) const;
+  // The tensor as stored, of any dtype, without a copy (see RawTensor); opens its shard.
+  RawTensor load_raw(const std::string& name) const;
   // The single file's metadata, or the index's "metadata" object (values as JSON text unless
   // they are strings).
   const Metadata& metadata() const { return metadata_; }
@@ -104,6 +124,20 @@ void save(const std::string& path, const std::map<std::string, Tensor>& tensors,
 // The serialised file image (what save() writes).
 std::vector<uint8_t> serialize(const std::map<std::string, Tensor>& tensors,
                                const Metadata& metadata = {});
+
+// A tensor given as stored bytes, for writing dtypes Myriad has no DType for (F8_E4M3, I8, ...);
+// bytes.size() must equal numel * st_dtype_size(st_dtype).
+struct RawEntry {
+  std::string st_dtype{};
+  Shape shape{};
+  std::vector<uint8_t> bytes{};
+};
+// The file image of raw tensors (names sorted, as serialize()), e.g. a quantized checkpoint.
+std::vector<uint8_t> serialize_raw(const std::map<std::string, RawEntry>& tensors,
+                                   const Metadata& metadata = {});
+// Writes serialize_raw()'s image atomically, as save().
+void save_raw(const std::string& path, const std::map<std::string, RawEntry>& tensors,
+              const Metadata& metadata = {});
 
 // Writes `dir`/model.safetensors when everything fits in max_shard_bytes, otherwise
 // `dir`/model-0000i-of-0000n.safetensors (tensors packed in name order; a tensor larger than the

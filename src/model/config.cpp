@@ -709,6 +709,13 @@ ModelConfig ModelConfig::from_json(std::string_view text, std::string_view sourc
   for (const char* k : kIgnoredKeys) r.find({k});
   for (const auto& [k, v] : top->items())
     if (!r.used(k)) c.extra[k] = v.dump();
+  // The plain K3 release wrapper around a K3-form text model is what to_json writes for it
+  // anyway: not kept, so a K3 model reads back equal to the one written.
+  if (!c.vision && c.is_k3_form() && !c.wrapper_json.empty() &&
+      json::parse(c.wrapper_json) ==
+          json{{"model_type", "kimi_k3"},
+               {"architectures", json::array({"KimiK3ForConditionalGeneration"})}})
+    c.wrapper_json.clear();
   return c;
 }
 
@@ -834,9 +841,9 @@ std::string ModelConfig::to_json() const {
   }
   j["myriad"] = write_myriad(myriad);
 
-  if (!wrapper_json.empty() || vision) {
+  if (!wrapper_json.empty() || vision || is_k3_form()) {
     // A vision model without a wrapper read from disk gets transformers' kimi_k25 one around a
-    // DeepSeek-V3 text model, else Myriad's K3-style kimi_k3 one.
+    // DeepSeek-V3 text model, else the K3 release's kimi_k3 one (K3-form text models too).
     json outer;
     if (!wrapper_json.empty())
       outer = json::parse(wrapper_json);

@@ -144,6 +144,12 @@ struct ModelConfig {
   bool is_kda_layer(int64_t i) const { return !is_mla_layer(i); }
   bool is_moe_layer(int64_t i) const;
   bool uses_attn_res() const { return attn_res_block_size > 0; }
+  // A Kimi Linear text model with the K3 extensions (AttnRes or SiTU): written in the K3 release
+  // layout, a kimi_k3 wrapper (KimiK3ForConditionalGeneration, text_config) with the tensors
+  // under language_model. and A_log as [H] (docs/CHECKPOINTS.md).
+  bool is_k3_form() const {
+    return model_type == "kimi_linear" && (uses_attn_res() || hidden_act == "situ");
+  }
   bool uses_latent_moe() const { return routed_expert_hidden_size.has_value(); }
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int64_t num_mla_layers() const;

@@ -72,25 +72,30 @@ std::vector<ParamSpec> Decoder::param_specs(const ModelConfig& c) {
     out.push_back({"model.output_attn_res_proj.weight", {1, d}, Init::Zeros, true, {}, {}});
   }
   out.push_back({"lm_head.weight", {V, d}, Init::Normal, true, {}, {}});
-  if (c.vision) {
-    // A multimodal checkpoint may hold the text model under `language_model.` (transformers'
-    // kimi_k25 writes language_model.model.layers.{i} or .blocks.{i}); kimi_k25 models are saved
-    // that way. Myriad's K3-style multimodal models keep the text names of kimi_linear.
-    const bool k25 =
-        c.wrapper_json.empty()
-            ? c.is_deepseek()
-            : nlohmann::json::parse(c.wrapper_json).value("model_type", "") == "kimi_k25";
-    for (ParamSpec& s : out) {
-      const std::string prefixed = "language_model." + s.name;
-      std::string blocks = prefixed;
-      if (const auto at = blocks.find("model.layers."); at != std::string::npos)
-        blocks.replace(at, 13, "model.blocks.");
-      s.aliases.push_back(prefixed);
-      if (blocks != prefixed) s.aliases.push_back(blocks);
-      if (k25) s.save_as = prefixed;
+  // A multimodal checkpoint holds the text model under `language_model.` (transformers' kimi_k25
+  // writes language_model.model.layers.{i} or .blocks.{i}; the K3 release, language_model.model.*),
+  // so those spellings are read for every model. kimi_k25 and kimi_k3 wrapped models are saved
+  // that way, and the K3 release stores A_log as [H] (docs/CHECKPOINTS.md).
+  const std::string wrapper =
+      c.wrapper_json.empty() ? "" : nlohmann::json::parse(c.wrapper_json).value("model_type", "");
+  const bool k25 = wrapper == "kimi_k25" || (c.vision && wrapper.empty() && c.is_deepseek());
+  const bool k3 = wrapper == "kimi_k3" ||
+                  (wrapper.empty() && ((c.vision && !c.is_deepseek()) || c.is_k3_form()));
+  for (ParamSpec& s : out) {
+    const std::string prefixed = "language_model." + s.name;
+    std::string blocks = prefixed;
+    if (const auto at = blocks.find("model.layers."); at != std::string::npos)
+      blocks.replace(at, 13, "model.blocks.");
+    s.aliases.push_back(prefixed);
+    if (blocks != prefixed) s.aliases.push_back(blocks);
+    if (k25 || k3) s.save_as = prefixed;
+    if (s.name.ends_with(".A_log")) {
+      s.stored_shape = {s.shape[2]};  // [1, 1, H, 1] as [H]
+      s.save_stored_shape = k3;
     }
-    for (ParamSpec& s : vision::param_specs(*c.vision, d)) out.push_back(std::move(s));
   }
+  if (c.vision)
+    for (ParamSpec& s : vision::param_specs(*c.vision, d)) out.push_back(std::move(s));
   return out;
 }
 

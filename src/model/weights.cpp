@@ -7,18 +7,24 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "io/safetensors.h"
+#include "model/quant.h"
 #include "ops/shape.h"
 
 namespace myriad::model {
 
 Weights Weights::load(const std::string& path, const std::vector<ParamSpec>& specs, DType dtype) {
   auto ck = safetensors::Checkpoint::open(path);
+  const quant::Dequantizer dq(ck, path);  // quantized tensors (model/quant.h)
   Weights w;
   w.specs_ = specs;
   std::set<std::string> used;
   std::map<std::string, Tensor> fused;
   std::vector<std::string> missing;
   for (const auto& s : specs) {
+    if (Tensor q = dq.load(s, dtype, used); q.defined()) {
+      w.tensors_[s.name] = q;
+      continue;
+    }
     std::string found;
     if (ck.contains(s.name)) found = s.name;
     if (found.empty() && !s.save_as.empty() && ck.contains(s.save_as)) found = s.save_as;
@@ -49,11 +55,14 @@ Weights Weights::load(const std::string& path, const std::vector<ParamSpec>& spe
       continue;
     }
     const auto info = ck.info(found);
-    MYRIAD_CHECK(info.shape == s.shape, "weights: tensor ", found, " in ", path, " has shape ",
-                 shape_str(info.shape), ", expected ", shape_str(s.shape));
+    const bool stored_shape = !s.stored_shape.empty() && info.shape == s.stored_shape;
+    MYRIAD_CHECK(info.shape == s.shape || stored_shape, "weights: tensor ", found, " in ", path,
+                 " has shape ", shape_str(info.shape), ", expected ", shape_str(s.shape),
+                 s.stored_shape.empty() ? "" : " or " + shape_str(s.stored_shape));
     MYRIAD_CHECK(info.supported && is_floating(info.dtype), "weights: tensor ", found, " in ", path,
                  " has unsupported dtype ", info.st_dtype);
     Tensor t = ck.load(found);
+    if (stored_shape) t = ops::reshape(t, s.shape);
     w.tensors_[s.name] = t.dtype() == dtype ? t : t.to(dtype);
     used.insert(found);
   }
@@ -63,9 +72,29 @@ Weights Weights::load(const std::string& path, const std::vector<ParamSpec>& spe
     if (missing.size() > 8) list += cat(", ... (", missing.size(), " in all)");
     throw Error(cat("weights: ", path, " lacks tensor(s) ", list));
   }
+  const bool has_vision = std::any_of(specs.begin(), specs.end(), [](const ParamSpec& s) {
+    return s.name.starts_with("vision_tower.");
+  });
+  // DeepSeek-V3's multi-token-prediction layers (num_nextn_predict_layers) follow the last
+  // decoder layer, each marked by an eh_proj; Myriad does not run them.
+  std::vector<std::string> mtp;
   for (const auto& n : ck.names())
-    MYRIAD_CHECK(used.count(n), "weights: unexpected tensor ", n, " in ", path,
-                 " (not part of this model's config)");
+    if (n.ends_with(".eh_proj.weight") && !used.count(n))
+      mtp.push_back(n.substr(0, n.size() - std::string(".eh_proj.weight").size() + 1));
+  for (const auto& n : ck.names()) {
+    if (used.count(n)) continue;
+    if (std::any_of(mtp.begin(), mtp.end(),
+                    [&](const std::string& p) { return n.starts_with(p); })) {
+      w.skipped_.push_back(n);
+      continue;
+    }
+    if (!has_vision && (n.starts_with("vision_tower.") || n.starts_with("mm_projector."))) {
+      w.skipped_.push_back(n);
+      continue;
+    }
+    throw Error(
+        cat("weights: unexpected tensor ", n, " in ", path, " (not part of this model's config)"));
+  }
   return w;
 }
 
@@ -164,11 +193,16 @@ Weights Weights::to(DType dtype) const {
 }
 
 void Weights::save(const std::string& path) const {
-  std::map<std::string, std::string> as;
-  for (const auto& s : specs_)
-    if (!s.save_as.empty()) as[s.name] = s.save_as;
+  std::map<std::string, const ParamSpec*> spec;
+  for (const auto& s : specs_) spec[s.name] = &s;
   std::map<std::string, Tensor> m;
-  for (const auto& [n, t] : tensors_) m[as.count(n) ? as[n] : n] = t.detach();
+  for (const auto& [n, t] : tensors_) {
+    const auto it = spec.find(n);
+    const ParamSpec* s = it == spec.end() ? nullptr : it->second;
+    Tensor out = t.detach();
+    if (s && s->save_stored_shape) out = ops::reshape(out, s->stored_shape);
+    m[s && !s->save_as.empty() ? s->save_as : n] = out;
+  }
   safetensors::save(path, m);
 }
 

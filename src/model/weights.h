@@ -31,6 +31,10 @@ struct ParamSpec {
   std::vector<FusedSource> fused;    // fused layouts it may be read from (MODEL.md §11.2)
   double value = 0.0;                // the fill of Init::Const
   std::string save_as{};             // the name save() writes (also read); empty: name
+  // Another stored shape of the same element count, also read: K3's release stores A_log as [H]
+  // where Kimi Linear has [1, 1, H, 1]. save() writes it when save_stored_shape is set.
+  Shape stored_shape{};
+  bool save_stored_shape = false;
 };
 
 class Weights {
@@ -57,6 +61,10 @@ class Weights {
 
   // Marks every trainable tensor as a leaf that wants a gradient (or not), clearing old grads.
   void requires_grad_(bool on = true);
+  // Tensors of a checkpoint that no spec claims but that load() let pass: a multimodal release's
+  // vision_tower.* / mm_projector.* when the config has no vision tower (the text model runs),
+  // and DeepSeek-V3's multi-token-prediction layers (a model.layers.{i}. holding eh_proj).
+  const std::vector<std::string>& skipped() const { return skipped_; }
   // A copy (new storage) of every tensor in another dtype.
   Weights to(DType dtype) const;
   // Writes the store in checkpoint layout to `path` (a .safetensors file).
@@ -65,6 +73,7 @@ class Weights {
  private:
   std::map<std::string, Tensor> tensors_;
   std::vector<ParamSpec> specs_;
+  std::vector<std::string> skipped_;
 };
 
 // "model.layers.{i}." (0-based i).

@@ -249,13 +249,16 @@ model::ModelConfig Recipe::model(int64_t vocab) const {
                "--init)");
   model::ModelConfig base =
       model_preset.empty() ? model::ModelConfig::load(model_config) : model::preset(model_preset);
-  nlohmann::json j = nlohmann::json::parse(base.to_json());
+  nlohmann::json outer = nlohmann::json::parse(base.to_json());
+  // Overrides name text-model keys; a wrapped config (K3 release, kimi_k25) holds them in
+  // text_config.
+  nlohmann::json& j = outer.contains("text_config") ? outer["text_config"] : outer;
   j.merge_patch(model_overrides);
   j["vocab_size"] = vocab;
   if (!balancer_mode.empty()) j["myriad"]["balancer"]["mode"] = balancer_mode;
   model::ModelConfig c;
   try {
-    c = model::ModelConfig::from_json(j.dump(), "model.overrides");
+    c = model::ModelConfig::from_json(outer.dump(), "model.overrides");
     if (model_vision == "tiny") {  // Myriad's tokenizers hold the image markers at fixed ids
       c.vision = vision::tiny_vision();
       c.media_placeholder_token_id = data::kMediaPadId;

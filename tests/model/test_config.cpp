@@ -330,7 +330,12 @@ TEST(ConfigRead, TransformersAliases) {
 }
 
 TEST(ConfigRead, KimiK3WrapperRoundTrips) {
-  json inner = json::parse(kimi_k3().to_json());
+  // A K3-form model is written in the release's wrapper (docs/CHECKPOINTS.md).
+  const json written = json::parse(kimi_k3().to_json());
+  EXPECT_EQ(written.at("model_type"), "kimi_k3");
+  EXPECT_EQ(written.at("architectures"), json::array({"KimiK3ForConditionalGeneration"}));
+  EXPECT_EQ(ModelConfig::from_json(kimi_k3().to_json()), kimi_k3());
+  json inner = written.at("text_config");
   json outer = {{"model_type", "kimi_k3"},
                 {"architectures", {"KimiK3ForConditionalGeneration"}},
                 {"vision_config", {{"hidden_size", 1152}, {"num_hidden_layers", 27}}},
@@ -452,7 +457,7 @@ TEST(ConfigRead, MyriadOptionsAndK3ExtensionsRoundTrip) {
   c.linear_attn_config.gate_lower_bound = -3.5;
   c.activation_situ_beta = 3.0;
   c.validate();
-  json j = json::parse(c.to_json());
+  json j = json::parse(c.to_json()).at("text_config");  // K3 form: the release wrapper
   EXPECT_EQ(j.at("myriad").at("residual").at("attn_carry"), "gamma_input");
   EXPECT_EQ(j.at("myriad").at("mla").at("admission").at("enabled"), true);
   EXPECT_EQ(j.at("linear_attn_config").at("gate_lower_bound"), -3.5);
@@ -463,7 +468,8 @@ TEST(ConfigRead, MyriadOptionsAndK3ExtensionsRoundTrip) {
   EXPECT_EQ(ModelConfig::from_json(c.to_json()), c);
   // A partial "myriad" object keeps the other defaults.
   json k = json::parse(tiny().to_json());
-  k["myriad"] = {{"router", {{"mode", "latent_similarity"}}}};
+  ASSERT_TRUE(tiny().is_k3_form());
+  k["text_config"]["myriad"] = {{"router", {{"mode", "latent_similarity"}}}};
   ModelConfig d = from(k);
   EXPECT_EQ(d.myriad.router.mode, "latent_similarity");
   EXPECT_EQ(d.myriad.router.latent_dim, 64);
