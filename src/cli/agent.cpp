@@ -109,7 +109,7 @@ int agent_command(const AgentArgs& a) {
                 out.c_str(), out.c_str(), out.c_str());
     return 0;
   }
-  const data::Tokenizer tok = data::Tokenizer::load(a.model_dir + "/tokenizer.model");
+  const data::Tokenizer tok = data::Tokenizer::from_dir(a.model_dir);
   const model::Decoder dec = model::Decoder::load(a.model_dir);
   infer::EngineConfig ec;
   ec.max_batch = 64;

@@ -61,8 +61,7 @@ void add_eval_command(CLI::App& app, EvalArgs& a) {
 int eval_command(const EvalArgs& a) {
   namespace fs = std::filesystem;
   const model::Decoder m = model::Decoder::load(a.model_dir);
-  const data::Tokenizer tok =
-      data::Tokenizer::load((fs::path(a.model_dir) / "tokenizer.model").string());
+  const data::Tokenizer tok = data::Tokenizer::from_dir(a.model_dir);
   train::EvalConfig cfg;
   cfg.lengths = a.lengths;
   cfg.depths = a.depths;

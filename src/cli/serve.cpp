@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "data/tokenizer.h"
 #include "infer/engine.h"
+#include "infer/generation_config.h"
 #include "model/decoder.h"
 #include "ops/shape.h"
 #include "serve/protocol.h"
@@ -56,8 +57,10 @@ int64_t parse_bytes(const std::string& text) {
 
 void add_infer_commands(CLI::App& app, InferArgs& a) {
   const auto common = [&](CLI::App* c) {
-    c->add_option("model_dir", a.model_dir,
-                  "model directory: config.json, model.safetensors, tokenizer.model")
+    c->add_option(
+         "model_dir", a.model_dir,
+         "model directory: config.json, safetensors weights, a tokenizer (tokenizer.model, "
+         "tiktoken.model or tokenizer.json)")
         ->required()
         ->check(CLI::ExistingDirectory);
     c->add_option("--dtype", a.dtype, "weights dtype: f32 or bf16")
@@ -146,15 +149,27 @@ struct Loaded {
   data::Tokenizer tok;
   serve::ChatTemplate tmpl;
   infer::EngineConfig cfg;
+  infer::GenerationConfig gen{};
 };
 
 Loaded load(const InferArgs& a) {
   namespace fs = std::filesystem;
   const fs::path dir(a.model_dir);
   Loaded l{model::Decoder::load(a.model_dir, dtype_from_name(a.dtype)),
-           data::Tokenizer::load((dir / "tokenizer.model").string()),
+           data::Tokenizer::from_dir(a.model_dir),
            serve::ChatTemplate::from_model_dir(a.model_dir),
-           {}};
+           {},
+           infer::GenerationConfig::from_model_dir(a.model_dir)};
+  if (const auto& sk = l.model.weights().skipped(); !sk.empty())
+    std::fprintf(stderr,
+                 "note: %zu tensor(s) (%s, ...) skipped: vision tensors without a vision_config "
+                 "(the text model runs without image input) or multi-token-prediction layers\n",
+                 sk.size(), sk.front().c_str());
+  for (const int32_t id : l.gen.eos_token_ids)
+    if (id >= l.tok.vocab_size())
+      throw std::invalid_argument(cat(a.model_dir, "/generation_config.json: eos_token_id ", id,
+                                      " is outside the tokenizer's vocabulary of ",
+                                      l.tok.vocab_size()));
   if (l.tok.vocab_size() > l.model.config().vocab_size)
     throw std::invalid_argument("tokenizer vocabulary (" + std::to_string(l.tok.vocab_size()) +
                                 ") is larger than the model's (" +
@@ -167,11 +182,10 @@ Loaded load(const InferArgs& a) {
     const auto ids = serve::prompt_ids(l.tok, serve::render_chat(l.tmpl, probe));
     if (std::none_of(ids.begin(), ids.end(),
                      [&](int32_t t) { return t != l.tok.bos() && l.tok.is_special(t); }))
-      std::fprintf(
-          stderr,
-          "warning: the chat template's markers are not special tokens of %s/tokenizer.model: "
-          "they are plain text, and a client could write them into its messages\n",
-          a.model_dir.c_str());
+      std::fprintf(stderr,
+                   "warning: the chat template's markers are not special tokens of %s's tokenizer: "
+                   "they are plain text, and a client could write them into its messages\n",
+                   a.model_dir.c_str());
   }
   l.cfg.max_batch = a.max_batch;
   l.cfg.cache_budget_bytes = parse_bytes(a.cache_budget);
@@ -182,19 +196,21 @@ Loaded load(const InferArgs& a) {
   return l;
 }
 
-infer::SamplingParams sampling(const InferArgs& a) {
+// Flags first, then generation_config.json, then the command's defaults.
+infer::SamplingParams sampling(const InferArgs& a, const infer::GenerationConfig& g) {
   infer::SamplingParams s;
-  s.temperature = a.temperature;
-  s.top_k = a.top_k;
-  s.top_p = a.top_p;
-  s.min_p = a.min_p;
-  s.repetition_penalty = a.repetition_penalty;
+  s.temperature = a.temperature.value_or(g.present ? g.default_temperature() : 0.7);
+  s.top_k = a.top_k.value_or(g.top_k.value_or(0));
+  s.top_p = a.top_p.value_or(g.top_p.value_or(1.0));
+  s.min_p = a.min_p.value_or(g.min_p.value_or(0.0));
+  s.repetition_penalty = a.repetition_penalty.value_or(g.repetition_penalty.value_or(1.0));
   s.presence_penalty = a.presence_penalty;
   s.frequency_penalty = a.frequency_penalty;
   if (a.seed >= 0) s.seed = static_cast<uint64_t>(a.seed);
-  s.max_tokens = a.max_tokens;
+  s.max_tokens = a.max_tokens.value_or(g.max_new_tokens.value_or(256));
   s.stop = a.stop;
   s.ignore_eos = a.ignore_eos;
+  if (!a.ignore_eos) s.stop_tokens = g.eos_token_ids;
   return s;
 }
 
@@ -263,6 +279,14 @@ int serve_command(const InferArgs& a) {
   cfg.limits.max_body_bytes = static_cast<size_t>(a.max_body);
   cfg.limits.context = l.cfg.max_context;
   cfg.limits.max_tokens = std::min(a.max_tokens_limit, l.cfg.max_context);
+  // generation_config.json: the defaults of fields a request leaves out, and its end tokens.
+  const infer::GenerationConfig& g = l.gen;
+  cfg.limits.defaults.temperature = std::min(g.default_temperature(), 2.0);
+  cfg.limits.defaults.top_p = g.top_p.value_or(1.0);
+  cfg.limits.defaults.min_p = g.min_p.value_or(0.0);
+  cfg.limits.defaults.top_k = g.top_k.value_or(0);
+  cfg.limits.defaults.repetition_penalty = g.repetition_penalty.value_or(1.0);
+  cfg.stop_tokens = g.eos_token_ids;
   serve::Server server(engine, l.tok, l.tmpl, cfg);
   const int port = server.start();
   std::printf("myriad serve: model '%s' on http://%s:%d (context %lld, max batch %lld)\n",
@@ -305,9 +329,11 @@ int generate_command(const InferArgs& a) {
   std::string blocks;
   for (const std::string& im : a.images) blocks += add_image(l.model, im, req);
   req.prompt = l.tok.encode_parts({{blocks, true}, {a.prompt, false}});
-  if (req.prompt.empty()) req.prompt = {l.tok.eos()};
+  if (req.prompt.empty() && std::max(l.tok.eos(), l.tok.bos()) >= 0)
+    req.prompt = {l.tok.eos() >= 0 ? l.tok.eos() : l.tok.bos()};
+  if (req.prompt.empty()) throw std::invalid_argument("--prompt is empty");
   std::fputs(a.prompt.c_str(), stdout);
-  req.params = sampling(a);
+  req.params = sampling(a, l.gen);
   stream_reply(engine, std::move(req));
   return 0;
 }
@@ -352,7 +378,7 @@ int chat_command(const InferArgs& a) {
     const serve::Prompt p = serve::render_chat(l.tmpl, conv, blocks);
     infer::Request req = images;
     req.prompt = serve::prompt_ids(l.tok, p);
-    req.params = sampling(a);
+    req.params = sampling(a, l.gen);
     req.params.stop.insert(req.params.stop.end(), p.stop.begin(), p.stop.end());
     try {
       conv.messages.push_back({"assistant", stream_reply(engine, std::move(req)), "", "", {}});

@@ -1,9 +1,11 @@
 // `myriad serve MODEL_DIR`, `myriad generate MODEL_DIR --prompt ...` and `myriad chat MODEL_DIR`:
 // the OpenAI-compatible server (docs/SERVING.md) and two terminal front ends of the same engine.
-// A model directory holds config.json, model.safetensors and tokenizer.model (and optionally
-// chat_template.txt).
+// A model directory holds config.json, the safetensors weights and a tokenizer (tokenizer.model,
+// tiktoken.model or tokenizer.json), and optionally a chat template and generation_config.json
+// (docs/CHECKPOINTS.md).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,11 +21,13 @@ struct InferArgs {
   int64_t max_batch = 16, block_tokens = 256, prefill_chunk = 2048;
   int64_t context = 0;  // prompt + completion; 0: config.json's model_max_length (or 4096)
   std::string cache_budget = "1G";
-  // Sampling (generate and chat).
-  double temperature = 0.7, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
+  // Sampling (generate and chat). Unset: generation_config.json's value, else temperature 0.7,
+  // top_p 1, min_p 0, repetition_penalty 1, top_k 0 (off), max_tokens 256.
+  std::optional<double> temperature, top_p, min_p, repetition_penalty;
   double presence_penalty = 0.0, frequency_penalty = 0.0;
-  int top_k = 0;
-  int64_t max_tokens = 256, seed = -1;  // seed -1: a fresh one
+  std::optional<int> top_k;
+  std::optional<int64_t> max_tokens;
+  int64_t seed = -1;  // -1: a fresh one
   std::vector<std::string> stop;
   bool ignore_eos = false;
   std::string prompt, system;

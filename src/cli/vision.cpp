@@ -33,7 +33,7 @@ void add_vision_commands(CLI::App& app, VisionArgs& a) {
 }
 
 int vision_command(const VisionArgs& a) {
-  const data::Tokenizer tok = data::Tokenizer::load(a.model_dir + "/tokenizer.model");
+  const data::Tokenizer tok = data::Tokenizer::from_dir(a.model_dir);
   const model::Decoder dec = model::Decoder::load(a.model_dir);
   MYRIAD_CHECK(dec.config().vision.has_value(), "vision-eval: ", a.model_dir,
                " has no vision tower (config.json lacks vision_config)");

@@ -1,5 +1,7 @@
 #include "serve/protocol.h"
 
+#include "serve/jinja.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -16,7 +18,18 @@ using json = nlohmann::json;
 
 namespace {
 constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
+constexpr std::string_view kKimiOpen = "<|tool_calls_section_begin|>",
+                           kKimiClose = "<|tool_calls_section_end|>",
+                           kKimiCall = "<|tool_call_begin|>",
+                           kKimiArgs = "<|tool_call_argument_begin|>",
+                           kKimiCallEnd = "<|tool_call_end|>";
+std::string_view open_tag(ToolFormat f) {
+  return f == ToolFormat::Kimi ? kKimiOpen : kOpen;
 }
+std::string_view close_tag(ToolFormat f) {
+  return f == ToolFormat::Kimi ? kKimiClose : kClose;
+}
+}  // namespace
 
 ApiError::ApiError(int status_, std::string message, std::string param_, std::string code_,
                    std::string type_)
@@ -129,13 +142,14 @@ std::string get_model(const json& j, const Limits& limits) {
 // The parameters chat and completions share.
 GenParams get_params(const json& j, const Limits& limits) {
   GenParams p;
-  p.temperature = get_number(j, "temperature", 1.0, 0.0, 2.0);
-  p.top_p = get_number(j, "top_p", 1.0, 0.0, 1.0, true);
-  p.min_p = get_number(j, "min_p", 0.0, 0.0, 1.0);
-  p.repetition_penalty = get_number(j, "repetition_penalty", 1.0, 0.0, 10.0, true);
+  const SamplingDefaults& d = limits.defaults;
+  p.temperature = get_number(j, "temperature", d.temperature, 0.0, 2.0);
+  p.top_p = get_number(j, "top_p", d.top_p, 0.0, 1.0, true);
+  p.min_p = get_number(j, "min_p", d.min_p, 0.0, 1.0);
+  p.repetition_penalty = get_number(j, "repetition_penalty", d.repetition_penalty, 0.0, 10.0, true);
   p.presence_penalty = get_number(j, "presence_penalty", 0.0, -2.0, 2.0);
   p.frequency_penalty = get_number(j, "frequency_penalty", 0.0, -2.0, 2.0);
-  p.top_k = static_cast<int>(get_int(j, "top_k", 0, 1 << 30).value_or(0));
+  p.top_k = static_cast<int>(get_int(j, "top_k", 0, 1 << 30).value_or(d.top_k));
   p.ignore_eos = get_bool(j, "ignore_eos", false);
   if (const json* s = field(j, "seed")) {
     if (!s->is_number_integer())
@@ -308,7 +322,11 @@ Message get_message(const json& m, size_t i, const Limits& limits) {
   return msg;
 }
 
-void get_tools(const json& j, ChatRequest& r, const Limits& limits) {
+// `body`: the request text again, for the parameter schemas with their keys in the client's
+// order (json sorts them).
+void get_tools(const json& j, std::string_view body, ChatRequest& r, const Limits& limits) {
+  nlohmann::ordered_json ordered;
+  if (j.contains("tools")) ordered = nlohmann::ordered_json::parse(body, nullptr, false);
   if (const json* t = field(j, "tools")) {
     if (!t->is_array()) bad(std::string("'tools' must be an array, got ") + kind(*t), "tools");
     if (t->size() > limits.max_tools)
@@ -335,6 +353,12 @@ void get_tools(const json& j, ChatRequest& r, const Limits& limits) {
         if (!s->is_object())
           bad("'" + p + ".function.parameters' must be an object", p + ".function.parameters");
         tool.parameters = *s;
+        const auto& o = ordered;
+        if (o.is_object() && o.contains("tools") && o["tools"].is_array() &&
+            o["tools"].size() > i && o["tools"][i].is_object() &&
+            o["tools"][i].contains("function") && o["tools"][i]["function"].is_object() &&
+            o["tools"][i]["function"].contains("parameters"))
+          tool.parameters_text = o["tools"][i]["function"]["parameters"].dump();
       }
       r.tools.push_back(std::move(tool));
     }
@@ -379,6 +403,7 @@ ChatRequest parse_chat_request(std::string_view body, const Limits& limits) {
   const json j = parse_body(body, limits);
   ChatRequest r;
   r.model = get_model(j, limits);
+
   const json* ms = field(j, "messages");
   if (!ms) bad("'messages' is required", "messages");
   if (!ms->is_array())
@@ -405,7 +430,7 @@ ChatRequest parse_chat_request(std::string_view body, const Limits& limits) {
     if (!f->is_object() || !field(*f, "type") || (*f)["type"] != "text")
       bad("only response_format {\"type\": \"text\"} is supported", "response_format");
   }
-  get_tools(j, r, limits);
+  get_tools(j, body, r, limits);
   return r;
 }
 
@@ -525,16 +550,80 @@ ChatTemplate ChatTemplate::parse(std::string_view text) {
   return t;
 }
 
-ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
-  std::ifstream f(dir + "/chat_template.txt", std::ios::binary);
-  if (!f) return default_template();
+namespace {
+
+std::optional<std::string> read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return std::nullopt;
   std::stringstream ss;
   ss << f.rdbuf();
+  return ss.str();
+}
+
+// tokenizer_config.json's bos_token / eos_token: a string or an AddedToken object.
+std::string token_text(const json& cfg, const char* key) {
+  const auto it = cfg.find(key);
+  if (it == cfg.end()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::from_jinja(std::string_view source, std::string origin,
+                                      std::string bos_token, std::string eos_token) {
+  ChatTemplate t;
   try {
-    return parse(ss.str());
+    t.jinja = std::make_shared<const jinja::Template>(source);
+  } catch (const jinja::Error& e) {
+    throw std::invalid_argument(origin + ": " + e.what());
+  }
+  t.tool_format = tool_format_of(source);
+  t.bos_token = std::move(bos_token);
+  t.eos_token = std::move(eos_token);
+  t.origin = std::move(origin);
+  return t;
+}
+
+ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
+  json cfg = json::object();
+  const std::string cfg_path = dir + "/tokenizer_config.json";
+  if (auto text = read_text(cfg_path)) {
+    cfg = json::parse(*text, nullptr, false);
+    if (!cfg.is_object()) throw std::invalid_argument(cfg_path + ": not a JSON object");
+  }
+  const std::string bos = token_text(cfg, "bos_token"), eos = token_text(cfg, "eos_token");
+  if (auto text = read_text(dir + "/chat_template.jinja"))
+    return from_jinja(*text, dir + "/chat_template.jinja", bos, eos);
+  if (const auto it = cfg.find("chat_template"); it != cfg.end() && !it->is_null()) {
+    const std::string origin = cfg_path + " chat_template";
+    if (it->is_string()) return from_jinja(it->get<std::string>(), origin, bos, eos);
+    if (it->is_array())
+      for (const json& e : *it)
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+            e["template"].is_string())
+          return from_jinja(e["template"].get<std::string>(), origin + " (default)", bos, eos);
+    throw std::invalid_argument(origin +
+                                ": expected a string or a list holding a \"default\" template");
+  }
+  auto text = read_text(dir + "/chat_template.txt");
+  if (!text) return default_template();
+  try {
+    ChatTemplate t = parse(*text);
+    t.origin = dir + "/chat_template.txt";
+    return t;
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(dir + "/chat_template.txt: " + e.what());
   }
+}
+
+std::string ChatTemplate::describe() const {
+  std::string s = jinja ? "Jinja" : "Myriad key = value";
+  s += " (" + (origin.empty() ? std::string("built-in default") : origin) + ")";
+  s += tool_format == ToolFormat::Kimi ? ", Kimi tool calls" : ", <tool_call> JSON tool calls";
+  return s;
 }
 
 namespace {
@@ -613,8 +702,142 @@ void Prompt::add(std::string_view s, bool trusted) {
     parts.push_back({std::string(s), trusted});
 }
 
+namespace {
+
+// The request as a Jinja template sees it (transformers' apply_chat_template / vLLM): OpenAI
+// messages (an assistant's tool calls with their arguments as JSON text; content null when a
+// tool-calling turn has no text; a user's images as image_url parts beside the text), tools as
+// {"type": "function", "function": {...}}.
+nlohmann::ordered_json jinja_context(const ChatRequest& r) {
+  using ojson = nlohmann::ordered_json;
+  ojson messages = ojson::array();
+  for (const Message& m : r.messages) {
+    ojson j = {{"role", m.role}};
+    if (!m.images.empty()) {
+      ojson parts = ojson::array();
+      size_t at = 0;
+      for (const MessageImage& im : m.images) {
+        if (im.offset > at)
+          parts.push_back({{"type", "text"}, {"text", m.content.substr(at, im.offset - at)}});
+        parts.push_back({{"type", "image_url"}, {"image_url", {{"url", ""}}}});
+        at = std::max(at, im.offset);
+      }
+      if (at < m.content.size())
+        parts.push_back({{"type", "text"}, {"text", m.content.substr(at)}});
+      j["content"] = std::move(parts);
+    } else if (m.content.empty() && !m.tool_calls.empty()) {
+      j["content"] = nullptr;
+    } else {
+      j["content"] = m.content;
+    }
+    if (!m.name.empty()) j["name"] = m.name;
+    if (!m.tool_call_id.empty()) j["tool_call_id"] = m.tool_call_id;
+    if (!m.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (const ToolCall& c : m.tool_calls)
+        calls.push_back({{"id", c.id},
+                         {"type", "function"},
+                         {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+      j["tool_calls"] = std::move(calls);
+    }
+    messages.push_back(std::move(j));
+  }
+  ojson ctx = {{"messages", std::move(messages)}};
+  if (!r.tools.empty() && r.tool_choice.mode != ToolChoice::None) {
+    ojson tools = ojson::array();
+    for (const Tool& t : r.tools) {
+      ojson f = {{"name", t.name}};
+      if (!t.description.empty()) f["description"] = t.description;
+      if (!t.parameters_text.empty())
+        f["parameters"] = ojson::parse(t.parameters_text);
+      else if (!t.parameters.is_null())
+        f["parameters"] = ojson::parse(t.parameters.dump());
+      tools.push_back({{"type", "function"}, {"function", std::move(f)}});
+    }
+    ctx["tools"] = std::move(tools);
+  }
+  return ctx;
+}
+
+// Where a template puts an image: Kimi K2.5's templates write one <|media_pad|> inside their own
+// begin/content/end markers; the K3 format writes <|kimi_image_placeholder|> for the whole block.
+constexpr std::string_view kMediaPad = "<|media_pad|>", kK3Image = "<|kimi_image_placeholder|>";
+
+Prompt render_jinja(const ChatTemplate& t, const ChatRequest& r,
+                    const std::vector<std::string>& image_blocks) {
+  const nlohmann::ordered_json data = jinja_context(r);
+  const nlohmann::ordered_json trusted = {
+      {"bos_token", t.bos_token}, {"eos_token", t.eos_token}, {"add_generation_prompt", true}};
+  std::vector<jinja::Part> parts;
+  try {
+    parts = t.jinja->render(data, trusted);
+  } catch (const jinja::Error& e) {
+    if (e.kind == jinja::Error::Kind::Raised)
+      throw ApiError(400, "the chat template refused the request: " + e.detail, "messages");
+    throw ApiError(500, "the chat template failed: " + std::string(e.what()), "", "",
+                   "server_error");
+  }
+  Prompt p;
+  // Each image's placeholder becomes the image's run of pads (or its whole block).
+  size_t next_image = 0;
+  for (const jinja::Part& part : parts) {
+    if (!part.trusted || image_blocks.empty()) {
+      p.add(part.text, part.trusted);
+      continue;
+    }
+    std::string_view rest = part.text;
+    while (true) {
+      const size_t pad = rest.find(kMediaPad), k3 = rest.find(kK3Image);
+      const size_t at = std::min(pad, k3);
+      if (at == std::string_view::npos) break;
+      if (next_image >= image_blocks.size())
+        throw ApiError(400, "the chat template placed more images than the request holds",
+                       "messages");
+      const std::string_view block = image_blocks[next_image++];
+      p.add(rest.substr(0, at), true);
+      if (at == pad) {  // the pad run of the block
+        const size_t first = block.find(kMediaPad), last = block.rfind(kMediaPad);
+        p.add(block.substr(first, last + kMediaPad.size() - first), true);
+        rest.remove_prefix(at + kMediaPad.size());
+      } else {  // the whole block
+        p.add(block, true);
+        rest.remove_prefix(at + kK3Image.size());
+      }
+    }
+    p.add(rest, true);
+  }
+  if (next_image != image_blocks.size())
+    throw ApiError(400,
+                   "the chat template placed " + std::to_string(next_image) + " of the " +
+                       std::to_string(image_blocks.size()) +
+                       " images (it writes no <|media_pad|> or <|kimi_image_placeholder|> for "
+                       "them)",
+                   "messages");
+  auto [opening, stop] = forced_opening(r, t.tool_format);
+  if (!opening.empty()) {
+    // The format's markers are the template's (trusted); the tool name is the client's.
+    p.forced_prefix = opening;
+    if (t.tool_format == ToolFormat::Kimi) {
+      const std::string head = std::string(kKimiOpen) + std::string(kKimiCall) + "functions.";
+      p.add(head, true);
+      std::string_view tail = std::string_view(opening).substr(head.size());
+      const bool args = tail.ends_with(kKimiArgs);
+      if (args) tail.remove_suffix(kKimiArgs.size());
+      p.add(tail, false);
+      if (args) p.add(kKimiArgs, true);
+    } else {
+      p.add(opening, false);
+    }
+    p.stop.push_back(std::move(stop));
+  }
+  return p;
+}
+
+}  // namespace
+
 Prompt render_chat(const ChatTemplate& t, const ChatRequest& r,
                    const std::vector<std::string>& image_blocks) {
+  if (t.jinja) return render_jinja(t, r, image_blocks);
   Prompt p;
   p.bos = t.bos;
   p.stop = t.stop;
@@ -649,14 +872,13 @@ Prompt render_chat(const ChatTemplate& t, const ChatRequest& r,
     }
   }
   p.add(t.generation, true);
-  if (tools && r.tool_choice.mode == ToolChoice::Function)
-    p.forced_prefix =
-        "<tool_call>{\"name\": " + json(r.tool_choice.name).dump() + ", \"arguments\": ";
-  else if (tools && r.tool_choice.mode == ToolChoice::Required)
-    p.forced_prefix = "<tool_call>{\"name\": \"";
-  if (!p.forced_prefix.empty()) {
-    p.add(p.forced_prefix, false);  // holds the tool name from the request
-    p.stop.push_back("</tool_call>");
+  if (tools) {
+    auto [opening, stop] = forced_opening(r, ToolFormat::Json);
+    p.forced_prefix = std::move(opening);
+    if (!p.forced_prefix.empty()) {
+      p.add(p.forced_prefix, false);  // holds the tool name from the request
+      p.stop.push_back(std::move(stop));
+    }
   }
   return p;
 }
@@ -705,26 +927,106 @@ std::string salvage_arguments(std::string_view s) {
 
 }  // namespace
 
-ParsedOutput parse_tool_calls(std::string_view text) {
+namespace {
+
+// The calls of a Kimi section body: <|tool_call_begin|>functions.N:I<|tool_call_argument_begin|>
+// A<|tool_call_end|>, repeated (whitespace between calls allowed). Anything else: not a section.
+std::optional<std::vector<ToolCall>> parse_kimi_section(std::string_view body) {
+  std::vector<ToolCall> calls;
+  size_t pos = 0;
+  while (true) {
+    while (pos < body.size() && std::isspace(static_cast<unsigned char>(body[pos]))) ++pos;
+    if (pos == body.size()) break;
+    if (body.substr(pos, kKimiCall.size()) != kKimiCall) return std::nullopt;
+    pos += kKimiCall.size();
+    const size_t a = body.find(kKimiArgs, pos);
+    if (a == std::string_view::npos) return std::nullopt;
+    const size_t e = body.find(kKimiCallEnd, a + kKimiArgs.size());
+    if (e == std::string_view::npos) return std::nullopt;
+    std::string_view id = trim(body.substr(pos, a - pos));  // functions.NAME:INDEX
+    if (id.starts_with("functions.")) id.remove_prefix(10);
+    const size_t colon = id.rfind(':');
+    std::string_view name = colon == std::string_view::npos ? id : id.substr(0, colon);
+    if (name.empty()) return std::nullopt;
+    calls.push_back(
+        ToolCall{new_id("call_"), std::string(name),
+                 salvage_arguments(body.substr(a + kKimiArgs.size(), e - a - kKimiArgs.size()))});
+    pos = e + kKimiCallEnd.size();
+  }
+  if (calls.empty()) return std::nullopt;
+  return calls;
+}
+
+}  // namespace
+
+ToolFormat tool_format_of(std::string_view template_text) {
+  return template_text.find(kKimiCall) != std::string_view::npos ? ToolFormat::Kimi
+                                                                 : ToolFormat::Json;
+}
+
+std::pair<std::string, std::string> forced_opening(const ChatRequest& r, ToolFormat f) {
+  if (r.tools.empty() || r.tool_choice.mode == ToolChoice::None) return {};
+  const bool fn = r.tool_choice.mode == ToolChoice::Function;
+  if (!fn && r.tool_choice.mode != ToolChoice::Required) return {};
+  if (f == ToolFormat::Kimi)
+    return {std::string(kKimiOpen) + std::string(kKimiCall) + "functions." +
+                (fn ? r.tool_choice.name + ":0" + std::string(kKimiArgs) : ""),
+            std::string(kKimiCallEnd)};
+  return {fn ? "<tool_call>{\"name\": " + json(r.tool_choice.name).dump() + ", \"arguments\": "
+             : "<tool_call>{\"name\": \"",
+          std::string(kClose)};
+}
+
+ParsedOutput parse_tool_calls(std::string_view text, ToolFormat f) {
   ParsedOutput out;
+  const std::string_view open = open_tag(f), close = close_tag(f);
   size_t pos = 0;
   while (pos < text.size()) {
-    const size_t b = text.find(kOpen, pos);
-    const size_t e = b == std::string_view::npos ? b : text.find(kClose, b + kOpen.size());
+    const size_t b = text.find(open, pos);
+    const size_t e = b == std::string_view::npos ? b : text.find(close, b + open.size());
     if (e == std::string_view::npos) break;
-    if (auto c = parse_call(text.substr(b + kOpen.size(), e - b - kOpen.size()))) {
-      out.content += text.substr(pos, b - pos);
-      out.tool_calls.push_back(std::move(*c));
-    } else {
-      out.content += text.substr(pos, e + kClose.size() - pos);
+    const std::string_view body = text.substr(b + open.size(), e - b - open.size());
+    std::optional<std::vector<ToolCall>> calls;
+    if (f == ToolFormat::Kimi) {
+      calls = parse_kimi_section(body);
+    } else if (auto c = parse_call(body)) {
+      calls = std::vector<ToolCall>{std::move(*c)};
     }
-    pos = e + kClose.size();
+    if (calls) {
+      out.content += text.substr(pos, b - pos);
+      for (auto& c : *calls) out.tool_calls.push_back(std::move(c));
+    } else {
+      out.content += text.substr(pos, e + close.size() - pos);
+    }
+    pos = e + close.size();
   }
   if (pos < text.size()) out.content += text.substr(pos);
   return out;
 }
 
-ToolCall forced_tool_call(const ChatRequest& r, std::string_view prefix, std::string_view gen) {
+ToolCall forced_tool_call(const ChatRequest& r, std::string_view prefix, std::string_view gen,
+                          ToolFormat f) {
+  if (f == ToolFormat::Kimi) {
+    // The prefix ends in "functions." (required) or in the call's argument marker (function).
+    ToolCall c{new_id("call_"), r.tool_choice.name, ""};
+    std::string_view args = gen;
+    if (r.tool_choice.mode != ToolChoice::Function) {
+      const size_t a = gen.find(kKimiArgs);
+      std::string_view said = gen.substr(0, std::min(a, gen.find(':')));
+      size_t best = 0;
+      c.name = r.tools.empty() ? std::string(said) : r.tools[0].name;
+      for (const auto& t : r.tools) {
+        size_t k = 0;
+        while (k < t.name.size() && k < said.size() && t.name[k] == said[k]) ++k;
+        if (k > best) best = k, c.name = t.name;
+      }
+      args = a == std::string_view::npos ? std::string_view{} : gen.substr(a + kKimiArgs.size());
+    }
+    if (const size_t e = args.find(kKimiCallEnd); e != std::string_view::npos)
+      args = args.substr(0, e);
+    c.arguments = trim(args).empty() ? "{}" : salvage_arguments(args);
+    return c;
+  }
   const std::string body =
       std::string(prefix.substr(std::min(prefix.size(), kOpen.size()))) + std::string(gen);
   if (auto c = parse_call(body)) {
@@ -758,16 +1060,17 @@ std::string ToolStreamFilter::feed(std::string_view text) {
   pending_ += text;
   if (holding_) return {};
   std::string out;
-  if (const size_t b = pending_.find(kOpen); b != std::string::npos) {
+  const std::string_view open = open_tag(format_);
+  if (const size_t b = pending_.find(open); b != std::string::npos) {
     out = pending_.substr(0, b);
     pending_.erase(0, b);
     holding_ = true;
     return out;
   }
   // Hold back a tail that could be the start of the tag.
-  size_t keep = std::min(pending_.size(), kOpen.size() - 1);
+  size_t keep = std::min(pending_.size(), open.size() - 1);
   while (keep > 0 &&
-         std::string_view(pending_).substr(pending_.size() - keep) != kOpen.substr(0, keep))
+         std::string_view(pending_).substr(pending_.size() - keep) != open.substr(0, keep))
     --keep;
   out = pending_.substr(0, pending_.size() - keep);
   pending_.erase(0, pending_.size() - keep);
@@ -775,7 +1078,7 @@ std::string ToolStreamFilter::feed(std::string_view text) {
 }
 
 ParsedOutput ToolStreamFilter::finish() {
-  ParsedOutput out = holding_ ? parse_tool_calls(pending_) : ParsedOutput{pending_, {}};
+  ParsedOutput out = holding_ ? parse_tool_calls(pending_, format_) : ParsedOutput{pending_, {}};
   pending_.clear();
   holding_ = false;
   return out;

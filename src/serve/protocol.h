@@ -1,11 +1,12 @@
 // The OpenAI wire protocol (docs/SERVING.md): request parsing and validation for
 // /v1/chat/completions and /v1/completions, the chat template (a small key = value format, not
 // Jinja), tool rendering and tool-call parsing of model output, and the response, stream-chunk and
-// error JSON. Depends only on the standard library, nlohmann_json and src/vision/image.cpp (data:
-// URLs and image headers), so the libFuzzer build (tests/fuzz/fuzz_openai_request.cpp) compiles it
-// with those alone.
+// error JSON. Depends only on the standard library, nlohmann_json, src/serve/jinja.cpp (published
+// models' Jinja chat templates) and src/vision/image.cpp (data: URLs and image headers), so the
+// libFuzzer build (tests/fuzz/fuzz_openai_request.cpp) compiles it with those alone.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -25,6 +26,13 @@ struct ApiError : std::runtime_error {
 };
 nlohmann::json error_json(const ApiError& e);
 
+// Sampling for the fields a request leaves out (the model's generation_config.json; OpenAI's
+// defaults otherwise).
+struct SamplingDefaults {
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
+  int top_k = 0;
+};
+
 struct Limits {
   std::string model;                // the served model id; another one gives 404
   size_t max_body_bytes = 1 << 20;  // larger bodies: 413
@@ -33,6 +41,7 @@ struct Limits {
   size_t max_messages = 1024, max_tools = 128, max_stop = 4;
   size_t max_images = 16;                       // image content parts per request
   int64_t max_image_pixels = int64_t{1} << 25;  // width × height of each image, from its header
+  SamplingDefaults defaults{};
 };
 
 // Generation parameters as the client sent them (the server maps them to the engine's).
@@ -73,6 +82,9 @@ struct Message {
 struct Tool {
   std::string name, description;
   nlohmann::json parameters;  // JSON Schema object (null when absent)
+  // The same object with its keys in the client's order (a Jinja template's `tools | tojson`
+  // writes them so, as transformers does); empty when absent.
+  std::string parameters_text{};
 };
 
 struct ToolChoice {
@@ -102,20 +114,48 @@ ChatRequest parse_chat_request(std::string_view body, const Limits& limits);
 CompletionRequest parse_completion_request(std::string_view body, const Limits& limits);
 
 // ---- Chat template ----
+// How a model writes tool calls in its output.
+// - Json: `<tool_call>{"name": N, "arguments": A}</tool_call>` per call (Myriad's templates; the
+//   Qwen/Hermes form, whitespace around the JSON allowed).
+// - Kimi: one section `<|tool_calls_section_begin|>` … `<|tool_calls_section_end|>` holding
+//   `<|tool_call_begin|>functions.N:I<|tool_call_argument_begin|>A<|tool_call_end|>` per call
+//   (Kimi K2, K2.5, Kimi Linear and K3 templates).
+enum class ToolFormat : uint8_t { Json, Kimi };
+// The format a chat template's text writes (Kimi when it spells <|tool_call_begin|>).
+ToolFormat tool_format_of(std::string_view template_text);
+
 // A template file (chat_template.txt in the model directory) holds `key = value` lines; '#'
 // starts a comment line; values use the escapes \n \t \\ and may use the placeholders {content},
 // {name}, {tool_call_id} (message fields) and {tools} (only in `tools`). Keys: bos (true|false),
 // system, user, assistant, tool (one per role; developer uses system), generation (opens the
 // assistant turn to generate), tools (the tool list preamble), stop (a stop sequence; repeatable).
+//
+// A published model's template is Jinja instead (serve/jinja.h): chat_template.jinja, or
+// tokenizer_config.json's chat_template, rendered as transformers renders it with messages,
+// tools, add_generation_prompt = true and the tokenizer's bos_token / eos_token.
+namespace jinja {
+class Template;
+}
 struct ChatTemplate {
   bool bos = false;
+  ToolFormat tool_format = ToolFormat::Json;
   std::string system, user, assistant, tool, generation, tools;
   std::vector<std::string> stop;
+  // Set: a Jinja template, rendered instead of the fields above (bos and stop stay empty; the end
+  // of a reply is the model's eos tokens, generation_config.json).
+  std::shared_ptr<const jinja::Template> jinja{};
+  std::string bos_token{}, eos_token{};  // the Jinja template's variables of those names
+  std::string origin{};                  // where the template came from (errors, inspect)
 
   static ChatTemplate default_template();
   static ChatTemplate parse(std::string_view text);  // throws std::invalid_argument
-  // <dir>/chat_template.txt when present, else the default.
+  // A Jinja template; throws std::invalid_argument naming origin and the template line.
+  static ChatTemplate from_jinja(std::string_view source, std::string origin,
+                                 std::string bos_token = "", std::string eos_token = "");
+  // The first of <dir>/chat_template.jinja, tokenizer_config.json's chat_template (a string, or
+  // the "default" of a list of named templates), chat_template.txt; else the default.
   static ChatTemplate from_model_dir(const std::string& dir);
+  std::string describe() const;  // e.g. "Jinja (tokenizer_config.json), Kimi tool calls"
 };
 
 // One piece of a rendered prompt: text the template wrote (trusted: the literal text of a special
@@ -147,19 +187,25 @@ struct ParsedOutput {
   std::string content;
   std::vector<ToolCall> tool_calls;  // with fresh ids
 };
-ParsedOutput parse_tool_calls(std::string_view text);
+ParsedOutput parse_tool_calls(std::string_view text, ToolFormat f = ToolFormat::Json);
 // The tool call of a forced (tool_choice function or required) turn from the text generated
 // after prefix.
-ToolCall forced_tool_call(const ChatRequest& r, std::string_view prefix, std::string_view gen);
+ToolCall forced_tool_call(const ChatRequest& r, std::string_view prefix, std::string_view gen,
+                          ToolFormat f = ToolFormat::Json);
+// The opening a forced turn starts from (empty when nothing is forced) and the stop string that
+// ends the call.
+std::pair<std::string, std::string> forced_opening(const ChatRequest& r, ToolFormat f);
 
-// Streaming with tools: passes text through until a `<tool_call>` may begin, then holds the rest
-// for finish(). The emitted pieces plus finish().content equal parse_tool_calls(all).content.
+// Streaming with tools: passes text through until a tool-call block may begin, then holds the
+// rest for finish(). The emitted pieces plus finish().content equal parse_tool_calls(all).content.
 class ToolStreamFilter {
  public:
+  explicit ToolStreamFilter(ToolFormat f = ToolFormat::Json) : format_(f) {}
   std::string feed(std::string_view text);
   ParsedOutput finish();
 
  private:
+  ToolFormat format_;
   std::string pending_;
   bool holding_ = false;
 };

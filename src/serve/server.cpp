@@ -226,6 +226,7 @@ struct Server::Impl {
     s.seed = p.seed;
     s.stop = p.stop;
     s.ignore_eos = p.ignore_eos;
+    if (!p.ignore_eos) s.stop_tokens = cfg.stop_tokens;
     s.top_logprobs = p.top_logprobs;
   }
 
@@ -282,7 +283,10 @@ struct Server::Impl {
     CompletionRequest r = parse_completion_request(http.body, cfg.limits);
     if (r.prompt) {
       job.ids = tok.encode(*r.prompt);
-      if (job.ids.empty()) job.ids = {tok.eos()};  // an empty prompt starts a new document
+      // An empty prompt starts a new document.
+      if (job.ids.empty() && std::max(tok.eos(), tok.bos()) >= 0)
+        job.ids = {tok.eos() >= 0 ? tok.eos() : tok.bos()};
+      if (job.ids.empty()) throw ApiError(400, "the prompt is empty", "prompt");
       job.echo_text = *r.prompt;
     } else {
       for (int32_t id : r.prompt_ids)
@@ -310,10 +314,13 @@ struct Server::Impl {
   // The chat message of a finished request, and its finish reason.
   std::pair<ParsedOutput, std::string> chat_result(const Job& job, const Output& out) {
     if (job.forced())
-      return {ParsedOutput{"", {forced_tool_call(job.req, job.prompt.forced_prefix, out.text)}},
-              "tool_calls"};
+      return {ParsedOutput{"",
+                           {forced_tool_call(job.req, job.prompt.forced_prefix, out.text,
+                                             tmpl.tool_format)}},
+              // A call cut by max_tokens before its end marker: its arguments are partial.
+              out.finish == "length" ? "length" : "tool_calls"};
     if (job.tools()) {
-      ParsedOutput p = parse_tool_calls(out.text);
+      ParsedOutput p = parse_tool_calls(out.text, tmpl.tool_format);
       if (!p.tool_calls.empty()) return {std::move(p), "tool_calls"};
       return {std::move(p), out.finish};
     }
@@ -368,6 +375,7 @@ struct Server::Impl {
       Clock::time_point t0 = Clock::now();
     };
     auto st = std::make_shared<State>();
+    st->filter = ToolStreamFilter(tmpl.tool_format);
     st->job = std::move(job);
     st->f = launch(st->job);
     ++streams;
@@ -441,7 +449,8 @@ struct Server::Impl {
               std::string finish = out.finish;
               std::vector<ToolCall> calls;
               if (job.forced()) {
-                calls = {forced_tool_call(job.req, job.prompt.forced_prefix, out.text)};
+                calls = {forced_tool_call(job.req, job.prompt.forced_prefix, out.text,
+                                          tmpl.tool_format)};
               } else if (job.tools()) {
                 ParsedOutput rest = st->filter.finish();
                 if (!rest.content.empty()) chunk({{"content", rest.content}}, "", nullptr);
@@ -449,7 +458,7 @@ struct Server::Impl {
               }
               if (!calls.empty()) {
                 chunk({{"tool_calls", tool_calls_json(calls, true)}}, "", nullptr);
-                finish = "tool_calls";
+                if (!(job.forced() && out.finish == "length")) finish = "tool_calls";
               }
               chunk(json::object(), finish, nullptr);
             } else {
@@ -690,7 +699,7 @@ std::vector<int32_t> prompt_ids(const data::Tokenizer& tok, const Prompt& p) {
   std::vector<data::TextPart> parts;
   for (const auto& part : p.parts) parts.push_back({part.text, part.trusted});
   std::vector<int32_t> ids = tok.encode_parts(parts);
-  if (p.bos) ids.insert(ids.begin(), tok.bos());
+  if (p.bos && tok.bos() >= 0) ids.insert(ids.begin(), tok.bos());
   return ids;
 }
 

@@ -22,6 +22,9 @@ struct ServeConfig {
                                  // its workers and max_body_bytes come from the fields here
   std::string api_key;           // non-empty: /v1/* need "Authorization: Bearer <api_key>"
   double ping_seconds = 5;       // SSE comment after this long without tokens (finds gone clients)
+  // Token ids that end a reply besides the tokenizer's eos (generation_config.json's
+  // eos_token_id, e.g. K3's <|end_of_msg|>); ignore_eos turns them off too.
+  std::vector<int32_t> stop_tokens{};
 };
 
 // The token ids of a rendered chat prompt: bos when the template asks for it, then the parts

@@ -392,7 +392,11 @@ TEST(Server, ForcedToolChoiceReturnsToolCalls) {
   body["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
   const json r = post("/v1/chat/completions", body);
   const json& choice = r["choices"][0];
-  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  // "length" when max_tokens cut the call before its closing tag (partial arguments, as OpenAI
+  // returns them), else "tool_calls".
+  const std::string want = choice["finish_reason"];
+  EXPECT_TRUE(want == "tool_calls" || (want == "length" && r["usage"]["completion_tokens"] == 16))
+      << r.dump();
   ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
   const json& call = choice["message"]["tool_calls"][0];
   EXPECT_EQ(call["type"], "function");
@@ -400,7 +404,7 @@ TEST(Server, ForcedToolChoiceReturnsToolCalls) {
   EXPECT_TRUE(call["function"]["arguments"].is_string());
   EXPECT_TRUE(call["id"].get<std::string>().starts_with("call_"));
 
-  // Streaming: one tool_calls delta with the name, then finish_reason tool_calls.
+  // Streaming: one tool_calls delta with the name, then the same finish_reason.
   const auto ev = stream("/v1/chat/completions", body);
   std::string name, finish;
   for (const auto& e : ev) {
@@ -409,12 +413,14 @@ TEST(Server, ForcedToolChoiceReturnsToolCalls) {
     if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
   }
   EXPECT_EQ(name, "get_weather");
-  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_EQ(finish, want);
 
   // "required" always yields a call to one of the tools.
   body["tool_choice"] = "required";
   const json q = post("/v1/chat/completions", body);
-  EXPECT_EQ(q["choices"][0]["finish_reason"], "tool_calls");
+  const std::string qf = q["choices"][0]["finish_reason"];
+  EXPECT_TRUE(qf == "tool_calls" || (qf == "length" && q["usage"]["completion_tokens"] == 16))
+      << q.dump();
   const std::string qn = q["choices"][0]["message"]["tool_calls"][0]["function"]["name"];
   EXPECT_TRUE(qn == "get_weather" || qn == "search") << qn;
 

@@ -72,7 +72,9 @@ def main():
     t = client.chat.completions.create(model=model, messages=ask, tools=TOOLS, tool_choice=forced,
                                        max_tokens=16, temperature=0)
     tc = t.choices[0]
-    assert tc.finish_reason == "tool_calls", tc.finish_reason
+    # "length" when max_tokens cut the call before its closing tag (partial arguments).
+    assert tc.finish_reason == "tool_calls" or (
+        tc.finish_reason == "length" and t.usage.completion_tokens == 16), (tc.finish_reason, t.usage)
     call = tc.message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather", call
     assert isinstance(call.function.arguments, str) and call.id.startswith("call_"), call
@@ -85,7 +87,7 @@ def main():
             for d in ch.delta.tool_calls or []:
                 name = d.function.name or name
             finish = ch.finish_reason or finish
-    assert name == "get_weather" and finish == "tool_calls", (name, finish)
+    assert name == "get_weather" and finish == tc.finish_reason, (name, finish)
 
     history = ask + [
         {"role": "assistant", "content": None,
