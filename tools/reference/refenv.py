@@ -59,12 +59,19 @@ def ensure_pinned(script):
 
 def ensure_package(script, package):
     """An unpinned package (e.g. tensorboard, openai), installed into the virtualenv if missing."""
-    if importlib.util.find_spec(package) is not None:
+    ensure_packages(script, [package])
+
+
+def ensure_packages(script, packages):
+    """Unpinned packages, the missing ones installed into the virtualenv in one go (then the
+    script runs again there, once)."""
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if not missing:
         return
     venv, py = _venv()
     if os.environ.get(_REEXEC):
-        sys.exit(f"{pathlib.Path(script).name}: {package} is still missing after installing it")
+        sys.exit(f"{pathlib.Path(script).name}: {', '.join(missing)} still missing after installing")
     if not py.exists():
         subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-    subprocess.check_call([str(py), "-m", "pip", "install", "-q", package])
+    subprocess.check_call([str(py), "-m", "pip", "install", "-q", *missing])
     _reexec(script, py)
