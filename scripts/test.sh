@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds the release preset (CUDA backend included when
 # nvcc is present; its tests run when a GPU is visible and print as skipped otherwise), runs every
-# test (with the official openai client against the server: chat, an agent's tool-call loop, and
-# images as PNG data URLs),
+# test (with the official openai client against the server: chat, an agent's tool-call loop,
+# images as PNG data URLs, and a model directory laid out as a published Kimi checkpoint),
 # then rebuilds CPU-only with AddressSanitizer + UBSan and runs the tests again.
 # Last, the fuzz targets for the untrusted-input parsers run for a bounded time
 # (MYRIAD_FUZZ_SECONDS per target, default 30 here). MYRIAD_SKIP_ASAN=1 skips the sanitizer pass;
@@ -35,6 +35,14 @@ scripts/check_agent_openai.sh
 echo "== images through the openai client: PNG data URLs answered as the evaluator answers them =="
 # A briefly trained Fashion-MNIST model; bad images must be 400s and the server must keep serving.
 scripts/check_vision_openai.sh
+
+echo "== a model directory laid out as a published Kimi checkpoint, through the openai client =="
+# tiktoken.model, a Jinja template in tokenizer_config.json, FP8 weights, generation_config.json:
+# prompt tokens equal transformers' rendering + tiktoken, tools, tool results, bad requests.
+MYRIAD_BIN=build/release/myriad scripts/check_published_layout.sh
+
+echo "== Myriad's K3 forward against llama.cpp (runs when scripts/peers/llama_cpp.sh has built it) =="
+MYRIAD=build/release/myriad tests/check_llama_cpp_k3.sh
 
 echo "== planner memory prediction vs measured training peaks (within 15%) =="
 scripts/check_plan_memory.sh
