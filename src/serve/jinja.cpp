@@ -4380,8 +4380,9 @@ struct Interp {
   // ---- Filters ----
 
   // Jinja's make_attrgetter: "a.b.0" looks up each part with getitem semantics.
-  Value attr_path(Value item, const Value& attribute,
-                  const std::optional<Value>& def = std::nullopt) {
+  // def: a pointer, not a defaulted std::optional, whose temporary GCC 12 reports as maybe
+  // uninitialized under -fsanitize=thread.
+  Value attr_path(Value item, const Value& attribute, const Value* def = nullptr) {
     std::vector<Value> parts;
     if (attribute.k == K::Str) {
       const std::string& t = attribute.text();
@@ -4844,7 +4845,8 @@ struct Interp {
             fail("Unexpected keyword argument '" + k + "'");
         }
         if (!attribute) fail("map requires a filter argument");
-        for (const Value& item : iterate(v)) out.push_back(attr_path(item, *attribute, def));
+        for (const Value& item : iterate(v))
+          out.push_back(attr_path(item, *attribute, def ? &*def : nullptr));
         return mklist(std::move(out));
       }
       std::string fname = plain(a.pos[0]);
