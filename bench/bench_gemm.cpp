@@ -25,10 +25,13 @@ namespace {
 struct Case {
   int64_t m, n, k;
   DType dtype;
+  bool linear = false;  // B stored [N, K] (nn.Linear's weight): Myriad runs ops::linear
   std::string label() const {
-    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+    return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+           (linear ? "^T" : "");
   }
   double flops() const { return 2.0 * m * n * k; }
+  double b_bytes() const { return double(n) * k * dtype_size(dtype); }
 };
 
 // Inputs and the direct oneDNN primitive of one case, built on first use and kept.
@@ -51,7 +54,8 @@ State& state_for(const Case& c) {
     s = std::make_unique<State>();
     Generator g(42);
     s->a = g.normal({c.m, c.k}, 0.0, 1.0, c.dtype);
-    s->b = g.normal({c.k, c.n}, 0.0, 1.0, c.dtype);
+    s->b = c.linear ? g.normal({c.n, c.k}, 0.0, 1.0, c.dtype)
+                    : g.normal({c.k, c.n}, 0.0, 1.0, c.dtype);
     s->c = Tensor::zeros({c.m, c.n}, c.dtype);
   }
   return *s;
@@ -60,16 +64,19 @@ State& state_for(const Case& c) {
 void bench_myriad(benchmark::State& st, Case c) {
   State& s = state_for(c);
   NoGradGuard no_grad;
+  auto run = [&] { return c.linear ? ops::linear(s.a, s.b) : ops::matmul(s.a, s.b); };
   if (!s.myriad_warm) {  // primitive creation stays out of the timing
-    ops::matmul(s.a, s.b);
+    run();
     s.myriad_warm = true;
   }
   for (auto _ : st) {
-    Tensor out = ops::matmul(s.a, s.b);
+    Tensor out = run();
     benchmark::DoNotOptimize(out.data_ptr());
   }
   st.counters["FLOPS"] =
       benchmark::Counter(c.flops(), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["BYTES"] =
+      benchmark::Counter(c.b_bytes(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void bench_onednn(benchmark::State& st, Case c) {
@@ -78,7 +85,7 @@ void bench_onednn(benchmark::State& st, Case c) {
   static dnnl::stream stream(engine());
   if (!s.prim) {
     auto t = c.dtype == DType::F32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
-    dnnl::memory::desc a({c.m, c.k}, t, tag::ab), b({c.k, c.n}, t, tag::ab),
+    dnnl::memory::desc a({c.m, c.k}, t, tag::ab), b({c.k, c.n}, t, c.linear ? tag::ba : tag::ab),
         d({c.m, c.n}, t, tag::ab);
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, d), engine());
     s.prim = std::make_unique<dnnl::matmul>(pd);
@@ -93,6 +100,8 @@ void bench_onednn(benchmark::State& st, Case c) {
   }
   st.counters["FLOPS"] =
       benchmark::Counter(c.flops(), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["BYTES"] =
+      benchmark::Counter(c.b_bytes(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace
@@ -110,6 +119,16 @@ int main(int argc, char** argv) {
     for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
              {512, 512, 512}, {2048, 2048, 2048}, {4096, 1024, 4096}, {64, 4096, 4096}})
       cases.push_back({m, n, k, t});
+  // Decode shapes (a token per sequence against an nn.Linear weight): memory-bound, with the GB/s
+  // of B read; 65536 x 512 (128 MiB) does not fit in any cache.
+  for (DType t : {DType::F32, DType::BF16})
+    for (auto [m, n, k, lin] : std::vector<std::array<int64_t, 4>>{{1, 1024, 512, 1},
+                                                                   {1, 4096, 1024, 1},
+                                                                   {4, 4096, 1024, 1},
+                                                                   {16, 4096, 1024, 1},
+                                                                   {16, 1536, 512, 1},
+                                                                   {1, 65536, 512, 1}})
+      cases.push_back({m, n, k, t, lin != 0});
   // names[case][0] = Myriad's runs, [1] = oneDNN's.
   std::vector<std::array<std::vector<std::string>, 2>> names(cases.size());
   for (int r = 0; r < rounds; ++r)
@@ -138,15 +157,21 @@ int main(int argc, char** argv) {
       threads, peak_f32, peak_bf16, rounds);
   std::printf("%-16s %-5s %14s %14s %14s %12s %12s\n", "M x N x K", "dtype", "Myriad GFLOP/s",
               "oneDNN GFLOP/s", "Myriad/oneDNN", "Myriad peak", "oneDNN peak");
+  std::printf("(^T: B stored [N, K] as nn.Linear's weight; M <= 16 rows add the GB/s of B read)\n");
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     double my = collector.best(names[i][0], "FLOPS") * 1e-9;
     double dn = collector.best(names[i][1], "FLOPS") * 1e-9;
     if (my == 0 && dn == 0) continue;  // filtered out
     double peak = c.dtype == DType::F32 ? peak_f32 : peak_bf16;
-    std::printf("%-16s %-5s %14.1f %14.1f %14.3f %11.1f%% %11.1f%%\n", c.label().c_str(),
+    std::printf("%-16s %-5s %14.1f %14.1f %14.3f %11.1f%% %11.1f%%", c.label().c_str(),
                 std::string(dtype_name(c.dtype)).c_str(), my, dn, dn > 0 ? my / dn : 0.0,
                 peak > 0 ? 100 * my / peak : 0.0, peak > 0 ? 100 * dn / peak : 0.0);
+    if (c.m <= 16)
+      std::printf("   B read: Myriad %.1f GB/s, oneDNN %.1f GB/s",
+                  collector.best(names[i][0], "BYTES") * 1e-9,
+                  collector.best(names[i][1], "BYTES") * 1e-9);
+    std::printf("\n");
   }
   benchmark::Shutdown();
   return 0;

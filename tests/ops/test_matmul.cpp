@@ -1,5 +1,7 @@
+#include <cstring>
 #include <thread>
 
+#include "ops/shape.h"
 #include "tests/ops/op_test.h"
 
 namespace myriad::testing {
@@ -169,6 +171,15 @@ TEST_P(Matmul, GemmEntryPointMatchesReference) {
       {3, 9, 8, 7, true, true, 2, false, true, 1.0f, 0.5f},
       {2, 16, 24, 40, false, false, 5, false, false, 1.5f, 0.0f},
       {4, 6, 5, 3, false, false, 0, false, true, 1.0f, 0.0f},  // foldable into one GEMM
+      // A few rows of A (one row with B stored [n, k] takes the CPU's streaming GEMV, the rest
+      // oneDNN): odd sizes, ld > k, alpha / beta, batches, broadcast B.
+      {1, 1, 1, 1, false, true, 0, false, false, 1.0f, 0.0f},
+      {1, 1, 300, 37, false, true, 3, false, false, 1.0f, 0.0f},
+      {1, 4, 7, 129, false, true, 0, false, false, 0.5f, 1.0f},
+      {1, 3, 1030, 70, false, false, 2, false, false, 1.0f, 0.0f},
+      {1, 2, 9, 5, false, false, 0, false, false, -1.0f, 0.5f},
+      {3, 1, 66, 40, false, true, 1, false, true, 1.0f, 0.0f},
+      {2, 4, 300, 9, false, false, 0, false, true, 2.0f, 1.0f},
   };
   Device dev = device_of(backend());
   uint64_t seed = 50;
@@ -271,6 +282,26 @@ TEST(MatmulErrors, DeviceMismatch) {
   Tensor a = randn({2, 3}, 1), b = randn({3, 2}, 2).to(cuda(0));
   expect_error([&] { ops::matmul(a, b); }, {"matmul", "devices", "[2, 3]", "[3, 2]"});
   expect_error([&] { ops::linear(a, randn({4, 3}, 3).to(cuda(0))); }, {"linear", "devices"});
+}
+
+// Decode batches: a row of x . W^T is the same bits whether it is computed alone or as any row
+// of a product with up to 16 rows (the engine's batched decode relies on it).
+TEST(MatmulCpu, LinearRowsAreBatchInvariant) {
+  for (DType t : {DType::F32, DType::BF16})
+    for (int64_t k : {1, 15, 16, 37, 300}) {
+      Tensor w = randn({23, k}, 7 + k).to(t), x = randn({16, k}, 8 + k).to(t);
+      for (int64_t m : {2, 3, 4, 5, 8, 16}) {
+        Tensor all = ops::linear(ops::slice(x, 0, 0, m), w);
+        for (int64_t r = 0; r < m; ++r) {
+          Tensor one = ops::linear(ops::slice(x, 0, r, r + 1), w);
+          ASSERT_EQ(
+              std::memcmp(one.data_ptr(), ops::contiguous(ops::slice(all, 0, r, r + 1)).data_ptr(),
+                          23 * dtype_size(t)),
+              0)
+              << dtype_name(t) << " k " << k << " m " << m << " row " << r;
+        }
+      }
+    }
 }
 
 // Several threads creating and running primitives at once (the cache is shared).
