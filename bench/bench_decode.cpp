@@ -12,10 +12,11 @@
 //   [--measure_ctx=16384]
 //                                  [--long=1048576] [--long_mla=262144] [--chunk=4096]
 //
-// With a model directory (scripts/bench_decode_vs_torch.sh): only 1., for that model, at batch 1
-// and 16 (--batch16=0 skips 16), printing each request's first --show greedy tokens and RESULT
-// lines. A directory with only config.json first gets random weights (--seed) saved into it, so
-// transformers can load the same checkpoint.
+// With a model directory (scripts/bench_decode_vs_torch.sh, scripts/bench_vs_llamacpp.sh): only
+// 1., for that model, at batch 1 and 16 (--batch16=0 skips 16), plus the prefill rate of one
+// --ctx-token prompt (to its first token), printing each request's first --show greedy tokens and
+// RESULT lines. A directory with only config.json first gets random weights (--seed) saved into it,
+// so transformers can load the same checkpoint.
 //   bench_decode DIR [--ctx=1024] [--new=32] [--show=8] [--seed=1] [--batch16=1]
 #include <unistd.h>
 
@@ -176,6 +177,17 @@ int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int
     if (batch == 16 && !batch16) continue;
     infer::Engine e(m, tok, cfg);
     decode_rate(e, c.vocab_size, ctx, batch, 4);  // warm-up
+    if (batch == 1) {  // prefill: one request's prompt, to its first token, in a fresh engine
+      infer::Engine fresh(m, tok, cfg);  // (e's prefix cache holds this prompt by now)
+      infer::Request r;
+      r.prompt = prompt(ctx, c.vocab_size, 0);
+      r.params.temperature = 0, r.params.ignore_eos = true, r.params.max_tokens = 1;
+      const auto t0 = Clock::now();
+      fresh.generate(r);
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::printf("RESULT myriad prefill ctx=%lld tokens_per_s=%.2f\n", static_cast<long long>(ctx),
+                  ctx / s);
+    }
     std::vector<std::vector<int32_t>> ids;
     const double rate = decode_rate(e, c.vocab_size, ctx, batch, new_tokens, &ids);
     const model::CacheSizes z = model::cache_sizes(c, 4, 4);  // f32, whole 256-token pages

@@ -8,6 +8,7 @@
 #   build/peers/llama.cpp        -> the vendored llama.cpp source (symlink into the unpacked sdist)
 #   build/peers/llama-build      -> CMake build: libllama + ggml (CPU, Release, GGML_NATIVE)
 #   build/peers/bin/llama_logits -> our tools/peers/llama_logits.cpp linked against libllama
+#   build/peers/bin/llama_speed  -> our tools/peers/llama_speed.cpp (timing for bench_vs_llamacpp.sh)
 #   build/peers/venv             -> python for convert_hf_to_gguf.py (the sdist's gguf-py on PYTHONPATH)
 # Environment: LLAMA_CPP_PYTHON_VERSION (0.3.36), JOBS (1), PEERS_DIR (build/peers).
 set -euo pipefail
@@ -58,14 +59,18 @@ log "libllama build step: $(( $(date +%s) - t0 )) s (0 when up to date)"
 LIBDIR="$BUILD/bin"
 [[ -f "$LIBDIR/libllama.so" ]] || LIBDIR="$(dirname "$(find "$BUILD" -name 'libllama.so*' | head -1)")"
 
-# 3. Our logits dumper (tools/peers/llama_logits.cpp), rebuilt when the source is newer.
-TOOL_SRC="$ROOT/tools/peers/llama_logits.cpp"
-if [[ ! -x "$BIN/llama_logits" || "$TOOL_SRC" -nt "$BIN/llama_logits" || "$LIBDIR/libllama.so" -nt "$BIN/llama_logits" ]]; then
-  log "compiling llama_logits"
-  g++ -std=c++17 -O2 -o "$BIN/llama_logits" "$TOOL_SRC" \
-    -I"$LLAMA/include" -I"$LLAMA/ggml/include" \
-    -L"$LIBDIR" -Wl,-rpath,"$LIBDIR" -lllama -lggml -lggml-base
-fi
+# 3. Our tools (tools/peers/*.cpp), rebuilt when the source is newer: llama_logits (logits on
+#    token ids, for the K3 cross-check) and llama_speed (prefill/decode timing, for
+#    scripts/bench_vs_llamacpp.sh).
+for tool in llama_logits llama_speed; do
+  TOOL_SRC="$ROOT/tools/peers/$tool.cpp"
+  if [[ ! -x "$BIN/$tool" || "$TOOL_SRC" -nt "$BIN/$tool" || "$LIBDIR/libllama.so" -nt "$BIN/$tool" ]]; then
+    log "compiling $tool"
+    g++ -std=c++17 -O2 -o "$BIN/$tool" "$TOOL_SRC" \
+      -I"$LLAMA/include" -I"$LLAMA/ggml/include" \
+      -L"$LIBDIR" -Wl,-rpath,"$LIBDIR" -lllama -lggml -lggml-base
+  fi
+done
 
 # 4. Python for the converter (it imports torch, transformers, numpy, sentencepiece; our driver
 #    also safetensors). Reuse the reference venv (torch 2.15, transformers 5.24, safetensors)
@@ -103,6 +108,7 @@ LLAMA_CPP_DIR=$LLAMA
 LLAMA_CPP_CONVERT=$LLAMA/convert_hf_to_gguf.py
 LLAMA_CPP_LIBDIR=$LIBDIR
 LLAMA_LOGITS=$BIN/llama_logits
+LLAMA_SPEED=$BIN/llama_speed
 LLAMA_CPP_PYTHON=$VENV/bin/python
 K3_TEMPLATE=$LLAMA/models/templates/Kimi-K3.jinja
 EOF

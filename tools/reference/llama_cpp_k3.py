@@ -119,21 +119,6 @@ tokens_per_step = 512
 batch_size = 8
 """
 
-# Runs convert_hf_to_gguf.py with set_vocab replaced by the converter's own "no vocab" writer.
-CONVERT_WRAPPER = r"""
-import runpy, sys
-llama_dir, src, out = sys.argv[1:4]
-sys.path.insert(0, llama_dir)
-import conversion.kimi_k3 as k3, conversion.kimi_linear as kl
-def no_vocab(self):
-    self._set_vocab_none()
-k3.KimiK3Model.set_vocab = no_vocab
-kl.KimiLinearModel.set_vocab = no_vocab
-sys.argv = ["convert_hf_to_gguf.py", src, "--outtype", "f32", "--outfile", out]
-runpy.run_path(llama_dir + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
-
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
@@ -390,10 +375,10 @@ class Peer:
                 sys.exit(f"{p} missing: run scripts/peers/llama_cpp.sh first")
 
     def convert(self, src, gguf, logfile):
-        wrapper = pathlib.Path(gguf).with_suffix(".convert.py")
-        wrapper.write_text(CONVERT_WRAPPER)
+        # llama.cpp's converter with set_vocab replaced by its own "no vocabulary" writer.
+        wrapper = ROOT / "tools" / "peers" / "convert_no_vocab.py"
         env = {"PYTHONPATH": str(self.llama_dir / "gguf-py")}
-        return run([self.python, wrapper, self.llama_dir, src, gguf], logfile, env)
+        return run([self.python, wrapper, self.llama_dir, src, gguf, "f32"], logfile, env)
 
     def logits(self, gguf, ids, out, step, logfile):
         tok = pathlib.Path(out).with_suffix(".tokens.txt")

@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# Myriad against llama.cpp on the same weights, in one run: prefill and decode tokens/s of three
+# checkpoints of 68-98M parameters in the Kimi K3, Kimi Linear and DeepSeek-V3 forms
+# (bench/models/*/config.json, random weights written by Myriad, converted to GGUF by llama.cpp's
+# own convert_hf_to_gguf.py), same threads, same prompts, alternating which engine goes first.
+#
+#   scripts/bench_vs_llamacpp.sh [MODEL ...]      # k3 kimi-linear deepseek-v3 (default: all)
+#
+# Environment: THREADS (2), REPS (2: each figure is the best of REPS runs), QUICK=1 (short
+# contexts: a smoke run of a few minutes), OUT (build/peers/bench), MYRIAD_BUILD (build/release,
+# configured with --preset release when missing).
+#
+# Before timing, each model is checked: llama.cpp's and Myriad's logits on the same 256 prompt
+# positions (one prefill each) must give the same top-1 token at >= 95% of positions; the script
+# stops otherwise. The configs set rms_norm_eps = 1e-6 because the engines differ in which eps
+# two norms use (the KDA q/k l2 norm and the MLA q_a / kv_a RMSNorms: Myriad and fla fix 1e-6,
+# llama.cpp takes rms_norm_eps); at 1e-6 the conventions coincide.
+#
+# Both engines: f32 weights, f32 caches (llama.cpp's KV cache type f32, flash attention off),
+# greedy decoding, OMP_WAIT_POLICY unset. Figures:
+#   prefill tokens/s of one 512- and 4096-token prompt (to its first token);
+#   decode tokens/s at batch 1 after a 1024- and a 16384-token prompt;
+#   decode tokens/s of 16 sequences after 1024-token prompts (llama.cpp: 16 parallel sequences
+#   in one llama_decode per step; Myriad: 16 requests through the engine's continuous batching).
+# Prints a table (Myriad / llama.cpp ratios) and writes it to OUT/table.md, the raw RESULT lines
+# to OUT/results.tsv.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+THREADS="${THREADS:-2}"
+REPS="${REPS:-2}"
+OUT="${OUT:-$ROOT/build/peers/bench}"
+MODELS=("$@")
+(( ${#MODELS[@]} )) || MODELS=(k3 kimi-linear deepseek-v3)
+if [[ "${QUICK:-0}" == 1 ]]; then
+  P_SHORT=128 P_LONG=512 D_SHORT=256 D_LONG=1024 NEW=16
+else
+  P_SHORT=512 P_LONG=4096 D_SHORT=1024 D_LONG=16384 NEW=64
+fi
+log() { printf '[bench_vs_llamacpp] %s\n' "$*" >&2; }
+
+# 1. Both engines built (each step is a no-op when up to date).
+BUILD="${MYRIAD_BUILD:-$ROOT/build/release}"
+if [[ ! -f "$BUILD/CMakeCache.txt" ]]; then
+  "$ROOT/scripts/install-deps.sh"
+  (cd "$ROOT" && cmake --preset release >/dev/null)
+fi
+cmake --build "$BUILD" -j "${MYRIAD_JOBS:-2}" --target bench_decode myriad >/dev/null
+eval "$("$ROOT/scripts/peers/llama_cpp.sh" | grep -E '^[A-Z_0-9]+=')"
+BENCH_DECODE="$BUILD/bench_decode"
+MYRIAD="$BUILD/myriad"
+PY="$LLAMA_CPP_PYTHON"
+
+mkdir -p "$OUT"
+RESULTS="$OUT/results.tsv"
+: > "$RESULTS"
+CHECKS="$OUT/checks.txt"
+: > "$CHECKS"
+
+# RESULT lines -> "engine model metric ctx value" rows.
+record() {  # model, then the engine's output on stdin
+  awk -v model="$1" '
+    $1 == "RESULT" {
+      engine = $2; metric = ""; ctx = ""; v = ""
+      for (i = 3; i <= NF; ++i) {
+        split($i, kv, "=")
+        if ($i == "prefill") metric = "prefill"
+        else if (kv[1] == "batch") metric = "decode_b" kv[2]
+        else if (kv[1] == "ctx") ctx = kv[2]
+        else if (kv[1] == "tokens_per_s") v = kv[2]
+      }
+      print engine "\t" model "\t" metric "\t" ctx "\t" v
+    }' >> "$RESULTS"
+}
+
+# Myriad: bench_decode DIR (prefill of one prompt, batch 1, and optionally 16 sequences).
+run_myriad() {  # model dir ctx new batch16
+  OMP_NUM_THREADS="$THREADS" "$BENCH_DECODE" "$2" --ctx="$3" --new="$4" --batch16="$5" --show=0 |
+    record "$1"
+}
+# llama.cpp: tools/peers/llama_speed.cpp (prefill of one prompt, then PARALLEL sequences).
+run_llama() {  # model gguf ctx new parallel
+  "$LLAMA_SPEED" "$2" --ctx "$3" --new "$4" --parallel "$5" --threads "$THREADS" --show 0 \
+    2>/dev/null | record "$1"
+}
+
+for m in "${MODELS[@]}"; do
+  cfg="$ROOT/bench/models/$m/config.json"
+  [[ -f "$cfg" ]] || { log "no bench/models/$m/config.json"; exit 2; }
+  dir="$OUT/$m"
+  gguf="$OUT/$m.f32.gguf"
+  # 2. Weights: random (seed 1), written by Myriad; rewritten when the config changed.
+  if ! cmp -s "$cfg" "$dir/config.source.json"; then
+    rm -rf "$dir" "$gguf"
+    mkdir -p "$dir"
+    cp "$cfg" "$dir/config.json"
+    cp "$cfg" "$dir/config.source.json"
+  fi
+  if [[ ! -f "$dir/model.safetensors" ]]; then
+    log "$m: writing random weights"
+    OMP_NUM_THREADS="$THREADS" "$BENCH_DECODE" "$dir" --ctx=8 --new=1 --batch16=0 >/dev/null
+  fi
+  # 3. The same weights for llama.cpp, by its own converter (no vocabulary: token ids only).
+  if [[ ! -f "$gguf" ]]; then
+    log "$m: converting to GGUF (f32) with llama.cpp's convert_hf_to_gguf.py"
+    PYTHONPATH="$LLAMA_CPP_DIR/gguf-py" "$PY" "$ROOT/tools/peers/convert_no_vocab.py" \
+      "$LLAMA_CPP_DIR" "$dir" "$gguf" f32 > "$OUT/$m.convert.log" 2>&1 ||
+      { tail -20 "$OUT/$m.convert.log"; exit 1; }
+  fi
+  # 4. Same computation? Top-1 over 256 prompt positions, one prefill each.
+  V="$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c.get('text_config', c)['vocab_size'])" "$cfg")"
+  "$PY" "$ROOT/tools/peers/top1_agreement.py" --ids-out "$OUT/$m.ids.safetensors" --len 256 --vocab "$V"
+  "$LLAMA_LOGITS" "$gguf" "$OUT/$m.ids.txt" "$OUT/$m.llama.safetensors" --threads "$THREADS" 2>/dev/null
+  OMP_NUM_THREADS="$THREADS" "$MYRIAD" logits "$dir" --tokens "$OUT/$m.ids.safetensors" \
+    --out "$OUT/$m.myriad.safetensors" >/dev/null
+  agree="$("$PY" "$ROOT/tools/peers/top1_agreement.py" "$OUT/$m.myriad.safetensors" \
+    "$OUT/$m.llama.safetensors" --min-agree 0.95)" || {
+    log "$m: the engines disagree ($agree); not timing"
+    exit 1
+  }
+  log "$m: $agree"
+  echo "$m	$agree" >> "$CHECKS"
+  # 5. Timings, alternating which engine goes first.
+  for ((rep = 0; rep < REPS; ++rep)); do
+    log "$m: round $((rep + 1))/$REPS"
+    order=(myriad llama)
+    (( rep % 2 )) && order=(llama myriad)
+    for eng in "${order[@]}"; do
+      if [[ $eng == myriad ]]; then
+        run_myriad "$m" "$dir" "$P_SHORT" 8 0
+        run_myriad "$m" "$dir" "$D_SHORT" "$NEW" 1
+        run_myriad "$m" "$dir" "$P_LONG" 8 0
+        run_myriad "$m" "$dir" "$D_LONG" "$((NEW / 2))" 0
+      else
+        run_llama "$m" "$gguf" "$P_SHORT" 8 1
+        run_llama "$m" "$gguf" "$D_SHORT" "$NEW" 1
+        run_llama "$m" "$gguf" "$D_SHORT" "$NEW" 16
+        run_llama "$m" "$gguf" "$P_LONG" 8 1
+        run_llama "$m" "$gguf" "$D_LONG" "$((NEW / 2))" 1
+      fi
+    done
+  done
+done
+
+# 6. The table: best of REPS for each engine, and the ratio.
+{
+  echo "Myriad vs llama.cpp, f32 weights and caches, $THREADS thread(s), best of $REPS; $(date -u +%F), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo
+  echo "| model | figure | Myriad tok/s | llama.cpp tok/s | Myriad / llama.cpp |"
+  echo "|---|---|---:|---:|---:|"
+  awk -F'\t' -v ps="$P_SHORT" -v pl="$P_LONG" -v ds="$D_SHORT" -v dl="$D_LONG" '
+    { k = $2 SUBSEP $3 SUBSEP $4; if ($5 > best[$1, k]) best[$1, k] = $5; models[$2] = 1 }
+    function row(m, metric, ctx, label,   a, b) {
+      a = best["myriad", m SUBSEP metric SUBSEP ctx]; b = best["llama.cpp", m SUBSEP metric SUBSEP ctx]
+      if (a == "" || b == "") return
+      printf "| %s | %s | %.1f | %.1f | %.2f |\n", m, label, a, b, a / b
+    }
+    END {
+      n = split(order, ms, " ")
+      for (i = 1; i <= n; ++i) {
+        m = ms[i]
+        row(m, "prefill", ps, "prefill " ps)
+        row(m, "prefill", pl, "prefill " pl)
+        row(m, "decode_b1", ds, "decode, batch 1, ctx " ds)
+        row(m, "decode_b1", dl, "decode, batch 1, ctx " dl)
+        row(m, "decode_b16", ds, "decode, 16 sequences, ctx " ds)
+      }
+    }' order="${MODELS[*]}" "$RESULTS"
+  echo
+  echo "Same computation (top-1 over 256 prefill positions, max |d| / max |ref|, RMS relative):"
+  sed 's/^/- /' "$CHECKS"
+} | tee "$OUT/table.md"
