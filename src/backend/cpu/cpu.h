@@ -21,10 +21,21 @@
 
 namespace myriad::cpu {
 
-// Runs f(begin, end) over [0, n) in parallel chunks of at least `grain` items.
+// Whether idle OpenMP threads sleep between parallel regions (OMP_WAIT_POLICY=passive, which
+// scripts/main.sh and scripts/test.sh set for shared machines): waking one then costs tens of
+// microseconds instead of one, so a region must carry kSleepGrain times the work to pay. Measured
+// on batch-1 decode (68M K3 form, 2 threads): passive waiting took it from 154 to 72 tokens/s,
+// below the single-thread 139, while every decode op's region was woken for a few microseconds
+// of work.
+bool threads_sleep();
+inline constexpr int64_t kSleepGrain = 16;
+
+// Runs f(begin, end) over [0, n) in parallel chunks of at least `grain` items (kSleepGrain times
+// that when threads_sleep()).
 template <class F>
 void parallel_for(int64_t n, int64_t grain, F&& f) {
   if (n <= 0) return;
+  if (threads_sleep()) grain *= kSleepGrain;
   int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   int64_t chunks = std::min<int64_t>(max_threads, (n + grain - 1) / std::max<int64_t>(grain, 1));
   if (chunks <= 1) {

@@ -191,7 +191,7 @@ template <class T, int J, int R>
 MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, int64_t k, float* out) {
   F16 acc[J][R] = {};
   int64_t i = 0;
-  F16 wv[J], xv;
+  F16 wv[J] = {}, xv = {};
   for (; i + kLanes <= k; i += kLanes) {
     for (int jj = 0; jj < J; ++jj) load16(wv[jj], w[jj] + i);
     for (int r = 0; r < R; ++r) {
@@ -229,13 +229,13 @@ void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, T* c, int6
   const int64_t tile_j = m == 1 ? 1 : kTile;
   for (int64_t j = j0; j < j1; j += tile_j) {
     const int64_t nj = std::min(tile_j, j1 - j);
-    const T* ws[kTile];
+    const T* ws[kTile] = {};
     for (int64_t jj = 0; jj < nj; ++jj) ws[jj] = b + (j + jj) * ldb;
     for (int64_t r = 0; r < m; r += kTile) {
       const int64_t nr = std::min<int64_t>(kTile, m - r);
-      const float* xs[kTile];
+      const float* xs[kTile] = {};
       for (int64_t q = 0; q < nr; ++q) xs[q] = x + (r + q) * ldx;
-      float s[kTile * kTile];
+      float s[kTile * kTile] = {};
       table[(nj - 1) * kTile + nr - 1](xs, ws, k, s);
       for (int64_t jj = 0; jj < nj; ++jj)
         for (int64_t q = 0; q < nr; ++q)
