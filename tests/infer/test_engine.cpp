@@ -304,8 +304,10 @@ TEST(Engine, SegmentedPrefillEqualsOnePass) {
   auto ca = a.generate(greedy(prompt, 5, 3)), cb = b.generate(greedy(prompt, 5, 3));
   EXPECT_EQ(ca.tokens, cb.tokens);
   ASSERT_EQ(ca.logprobs.size(), cb.logprobs.size());
-  // Different KDA chunk boundaries in f32.
-  for (size_t k = 0; k < ca.logprobs.size(); ++k) EXPECT_NEAR(ca.logprobs[k], cb.logprobs[k], 1e-4);
+  // Different KDA chunk boundaries in f32, and 7-row segments take the few-row GEMM kernel where
+  // the one pass takes oneDNN: up to 1.8e-5 apart with oneDNN alone, 8.7e-5 with both kernels,
+  // 1.5e-4 in the sanitizer build (no FMA there).
+  for (size_t k = 0; k < ca.logprobs.size(); ++k) EXPECT_NEAR(ca.logprobs[k], cb.logprobs[k], 5e-4);
   EXPECT_FALSE(b.plan(greedy(prompt, 5)).sliding);
 }
 

@@ -113,7 +113,10 @@ TEST_F(Fixture, EachImageAloneGivesItsRowsOfThePackedBatch) {
     const int64_t n = g.t * g.h * g.w, m = merged_tokens(vc(), g);
     VisionTrace trace;
     const Tensor alone = encode(vc(), *weights_, ops::slice(pv, 0, row, row + n), {g}, &trace);
-    EXPECT_LE(max_abs_diff(alone, ops::slice(packed, 0, tok, tok + m)), 1e-6);
+    // Not bitwise: an image of up to 16 patches alone takes the few-row GEMM kernel, the packed
+    // batch oneDNN (1.1e-6 apart in the sanitizer build, whose kernel has no FMA); rows mixed
+    // across images would be off by orders of magnitude more.
+    EXPECT_LE(max_abs_diff(alone, ops::slice(packed, 0, tok, tok + m)), 1e-5);
     EXPECT_LE(max_abs_diff(alone, ops::slice(want, 0, tok, tok + m)), 1e-4);
     EXPECT_LE(max_abs_diff(trace.tower_out, ops::slice(out_.load("tower_out"), 0, tok, tok + m)),
               1e-4);
