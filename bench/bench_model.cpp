@@ -8,7 +8,8 @@
 // A directory holding model.safetensors (or an index) is loaded; a config alone gets the
 // MODEL.md random init. --profile=1 then times each layer type's forward + backward on its own
 // (same B, T) to show where a step's time goes, with its GFLOP/s (projections counted as 6 x
-// params x tokens, plus the attention core below) as a fraction of the measured peak.
+// params x tokens, plus the attention core below) as a fraction of the measured peak;
+// --profile=2 times the MoE FFN alone.
 //
 // Model FLOPs per step (printed, and the basis of "fraction of peak"), forward + backward = 3x
 // the forward:
@@ -135,7 +136,7 @@ double time_median(int reps, F&& fn) {
 }
 
 // Each layer type's forward + backward on its own, against the whole step's median time.
-void profile(Decoder& m, const Tensor& ids, double step_s, double peak) {
+void profile(Decoder& m, const Tensor& ids, double step_s, double peak, bool moe_only) {
   const ModelConfig& c = m.config();
   model::Weights& w = m.weights();
   const int64_t B = ids.size(0), T = ids.size(1), d = c.hidden_size, L = c.num_hidden_layers;
@@ -162,6 +163,7 @@ void profile(Decoder& m, const Tensor& ids, double step_s, double peak) {
   std::vector<Row> rows;
   const int reps = 5;
   auto add = [&](const std::string& name, int64_t count, double flops, auto&& forward) {
+    if (moe_only && name != "MoE FFN") return;
     if (count > 0) rows.push_back({name, count, 1e3 * time_median(reps, fwd_bwd(forward)), flops});
   };
   auto count = [&](auto&& pred) {
@@ -202,7 +204,7 @@ void profile(Decoder& m, const Tensor& ids, double step_s, double peak) {
   // Embedding, final norm and the fused LM head + cross-entropy (the step's loss).
   std::vector<int64_t> tgt = ids.to_ints();
   const Tensor targets = Tensor::from_ints(tgt, {B * T});
-  {
+  if (!moe_only) {
     const int64_t Bc = B, Tc = T;
     auto head = [&, Bc, Tc] {
       w.requires_grad_(true);
@@ -245,7 +247,8 @@ int main(int argc, char** argv) {
   const int warmup =
       static_cast<int>(take_flag(argc, argv, "warmup", "MYRIAD_BENCH_MODEL_WARMUP", 2));
   const auto seed = static_cast<uint64_t>(take_flag(argc, argv, "seed", "MYRIAD_BENCH_SEED", 1));
-  const bool prof = take_flag(argc, argv, "profile", "MYRIAD_BENCH_MODEL_PROFILE", 0) != 0;
+  const int prof =
+      static_cast<int>(take_flag(argc, argv, "profile", "MYRIAD_BENCH_MODEL_PROFILE", 0));
   const bool adamw = take_flag(argc, argv, "adamw", "MYRIAD_BENCH_MODEL_ADAMW", 0) != 0;
   const bool bf16 = take_flag(argc, argv, "bf16", "MYRIAD_BENCH_MODEL_BF16", 0) != 0;
   if (argc != 2 || steps < 1) {
@@ -320,7 +323,7 @@ int main(int argc, char** argv) {
     std::printf("  model %.2f GFLOP/step -> %.2f GFLOP/s; measured %s peak %.1f GFLOP/s (%.1f%%)\n",
                 flops * 1e-9, gflops, bf16 ? "bf16 dot-product" : "f32 FMA", peak,
                 peak > 0 ? 100 * gflops / peak : 0.0);
-    if (prof) profile(m, ids, step_s, peak);
+    if (prof) profile(m, ids, step_s, peak, prof == 2);
     std::printf(
         "RESULT myriad tokens_per_s=%.1f step_ms=%.2f step_min_ms=%.2f B=%lld T=%lld steps=%d "
         "threads=%d loss=%.6f loss_last=%.6f optimizer=%s precision=%s flop_per_token=%.6g "

@@ -126,27 +126,39 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1), d = x_BTD.size(2), N = B * T;
   Tensor x_ND = ops::reshape(x_BTD, {N, d});
   Routing r = route(x_ND);
-  // Token lists per expert (host bookkeeping of the discrete choice).
+  // Every (token, slot) choice in expert order, tokens ascending within an expert: counts and
+  // offsets in one pass (host bookkeeping of the discrete choice). The experts then run as
+  // grouped GEMMs over those contiguous rows, and the weighted outputs are summed back per token
+  // in increasing expert order, as transformers sums.
   const std::vector<int64_t> ids = r.idx_NK.to_ints();
-  std::vector<std::vector<int64_t>> rows(n_), slots(n_);
+  std::vector<int64_t> count(n_ + 1, 0);
+  for (int64_t j : ids) ++count[j + 1];
+  std::vector<int64_t> at(count.begin(), count.end() - 1);
+  for (int64_t j = 1; j < n_; ++j) at[j] = at[j - 1] + count[j];
+  std::vector<int64_t> tok(ids.size()), slot(ids.size());
   for (int64_t t = 0; t < N; ++t)
     for (int64_t s = 0; s < k_; ++s) {
-      const int64_t j = ids[t * k_ + s];
-      rows[j].push_back(t);
-      slots[j].push_back(t * k_ + s);
+      const int64_t q = at[ids[t * k_ + s]]++;
+      tok[q] = t, slot[q] = t * k_ + s;
     }
-  Tensor xin = latent_ ? ops::linear(x_ND, w("routed_expert_down_proj.weight")) : x_ND;
-  Tensor p_flat = ops::reshape(r.p_NK, {N * k_});
-  Tensor y = Tensor::zeros({N, xin.size(1)}, xin.dtype(), xin.device());
-  for (int64_t j = 0; j < n_; ++j) {  // in increasing expert order, as transformers sums
-    if (rows[j].empty()) continue;
-    const int64_t m = static_cast<int64_t>(rows[j].size());
-    Tensor rj = Tensor::from_ints(rows[j], {m}, DType::I64, xin.device());
-    Tensor sj = Tensor::from_ints(slots[j], {m}, DType::I64, xin.device());
-    Tensor yj = glu_mlp(act_, ops::index_select(xin, 0, rj), w(expert(j, 0)), w(expert(j, 1)),
-                        w(expert(j, 2)));
-    y = ops::index_add(y, 0, rj, ops::mul(yj, ops::unsqueeze(ops::index_select(p_flat, 0, sj), 1)));
+  std::vector<int64_t> offsets = {0};
+  std::vector<Tensor> wg, wu, wd;
+  for (int64_t j = 0; j < n_; ++j) {
+    if (count[j + 1] == 0) continue;  // unused experts take no part (and get no gradient)
+    offsets.push_back(offsets.back() + count[j + 1]);
+    wg.push_back(w(expert(j, 0))), wu.push_back(w(expert(j, 1))), wd.push_back(w(expert(j, 2)));
   }
+  Tensor xin = latent_ ? ops::linear(x_ND, w("routed_expert_down_proj.weight")) : x_ND;
+  const int64_t M = N * k_;
+  Tensor tok_t = Tensor::from_ints(tok, {M}, DType::I64, xin.device());
+  Tensor slot_t = Tensor::from_ints(slot, {M}, DType::I64, xin.device());
+  Tensor xs = ops::index_select(xin, 0, tok_t);
+  Tensor h = glu(act_, ops::grouped_linear(xs, offsets, wg), ops::grouped_linear(xs, offsets, wu));
+  Tensor ys = ops::grouped_linear(h, offsets, wd);
+  Tensor p_flat = ops::reshape(r.p_NK, {M});
+  ys = ops::mul(ys, ops::unsqueeze(ops::index_select(p_flat, 0, slot_t), 1));
+  Tensor y =
+      ops::index_add(Tensor::zeros({N, xin.size(1)}, xin.dtype(), xin.device()), 0, tok_t, ys);
   if (latent_) {
     if (latent_norm_) y = ops::rms_norm(y, w("routed_expert_norm.weight"), eps_);
     y = ops::linear(y, w("routed_expert_up_proj.weight"));

@@ -35,6 +35,27 @@ void gemm(const GemmArgs& args) {
   gemm_kernels().get(g.device, g.dtype)(g);
 }
 
+KernelTable<GroupedGemmKernel>& grouped_gemm_kernels() {
+  static KernelTable<GroupedGemmKernel> t("grouped_gemm");
+  return t;
+}
+
+void grouped_gemm(const std::vector<GemmArgs>& groups) {
+  std::vector<GemmArgs> work;
+  for (const GemmArgs& g : groups) {
+    MYRIAD_CHECK(g.batch == 1, "grouped_gemm: each group is one GEMM (batch 1), got ", g.batch);
+    MYRIAD_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "grouped_gemm: negative size (m ", g.m, ", n ",
+                 g.n, ", k ", g.k, ")");
+    MYRIAD_CHECK(g.device == groups[0].device && g.dtype == groups[0].dtype,
+                 "grouped_gemm: every group must share one device and dtype");
+    if (g.m > 0 && g.n > 0) work.push_back(g);
+  }
+  if (work.empty()) return;
+  const Backend b = backend_for(work[0].device, work[0].dtype);
+  if (grouped_gemm_kernels().has(b)) return grouped_gemm_kernels().get(b)(work);
+  for (const GemmArgs& g : work) gemm_kernels().get(b)(g);
+}
+
 namespace {
 
 // How the last two dimensions (rows x cols) of a view map onto a GEMM operand: row-major with
@@ -219,6 +240,105 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
              if (has_bias) grads[2] = sum(g2, {0});
              return grads;
            });
+  }
+  return out;
+}
+
+Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
+                      const std::vector<Tensor>& w) {
+  const char* op = "grouped_linear";
+  check_inputs(op, {&x});
+  for (const Tensor& wg : w) {
+    check_inputs(op, {&x, &wg});
+    check_same_dtype(op, {&x, &wg});
+  }
+  check_floating(op, x);
+  check_dim(op, x, 2);
+  MYRIAD_CHECK(!w.empty(), op, ": no groups");
+  MYRIAD_CHECK(
+      offsets.size() == w.size() + 1 && offsets.front() == 0 && offsets.back() == x.size(0), op,
+      ": offsets must run from 0 to ", x.size(0), " in ", w.size() + 1, " entries, got ",
+      offsets.size(), " entries");
+  const int64_t in = x.size(1), out_f = w[0].dim() == 2 ? w[0].size(0) : -1;
+  for (size_t g = 0; g < w.size(); ++g) {
+    MYRIAD_CHECK(offsets[g] <= offsets[g + 1], op, ": offsets decrease at group ", g);
+    MYRIAD_CHECK(w[g].dim() == 2 && w[g].size(0) == out_f && w[g].size(1) == in, op, ": weight ", g,
+                 " is ", shape_str(w[g].shape()), ", expected [", out_f, ", ", in, "]");
+  }
+  const int64_t rows = x.size(0);
+  const DType t = x.dtype();
+  const Device dev = x.device();
+  const size_t es = dtype_size(t);
+  Tensor xc = x.detach().contiguous();
+  std::vector<Tensor> wc;
+  for (const Tensor& wg : w) wc.push_back(wg.detach().contiguous());
+  Tensor out = Tensor::empty({rows, out_f}, t, dev);
+  const auto base = [offsets, t, dev](int64_t g) {
+    GemmArgs a;
+    a.m = offsets[g + 1] - offsets[g];
+    a.dtype = t, a.device = dev;
+    return a;
+  };
+  std::vector<GemmArgs> fwd;
+  for (size_t g = 0; g < w.size(); ++g) {
+    GemmArgs a = base(g);
+    a.n = out_f, a.k = in, a.trans_b = true;
+    a.a = static_cast<const char*>(xc.data_ptr()) + offsets[g] * in * es;
+    a.b = wc[g].data_ptr();
+    a.c = static_cast<char*>(out.data_ptr()) + offsets[g] * out_f * es;
+    a.lda = in, a.ldb = in, a.ldc = out_f;
+    fwd.push_back(a);
+  }
+  if (rows > 0 && out_f > 0) {
+    if (in == 0) {
+      out.fill_(0.0);
+    } else {
+      grouped_gemm(fwd);
+    }
+  }
+  std::vector<Tensor> inputs = {x};
+  inputs.insert(inputs.end(), w.begin(), w.end());
+  if (needs_grad(inputs)) {
+    std::vector<bool> need;
+    for (const Tensor& i : inputs) need.push_back(needs_grad({&i}));
+    record(op, out, inputs, [need, offsets, xc, wc, base, rows, in, out_f, es](const Tensor& g) {
+      const Tensor gy = g.to(xc.dtype()).contiguous();
+      std::vector<Tensor> grads(wc.size() + 1);
+      std::vector<GemmArgs> work;
+      if (need[0]) {
+        // dx_g = dy_g W_g
+        grads[0] = Tensor::empty({rows, in}, xc.dtype(), xc.device());
+        if (out_f == 0) grads[0].fill_(0.0);
+        for (size_t i = 0; i + 1 < offsets.size() && out_f > 0; ++i) {
+          GemmArgs a = base(static_cast<int64_t>(i));
+          a.n = in, a.k = out_f;
+          a.a = static_cast<const char*>(gy.data_ptr()) + offsets[i] * out_f * es;
+          a.b = wc[i].data_ptr();
+          a.c = static_cast<char*>(grads[0].data_ptr()) + offsets[i] * in * es;
+          a.lda = out_f, a.ldb = in, a.ldc = in;
+          work.push_back(a);
+        }
+      }
+      for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+        if (!need[i + 1]) continue;
+        // dW_g = dy_g^T x_g: [out, m] x [m, in]
+        grads[i + 1] = Tensor::empty({out_f, in}, xc.dtype(), xc.device());
+        const int64_t m = offsets[i + 1] - offsets[i];
+        if (m == 0) {
+          grads[i + 1].fill_(0.0);
+          continue;
+        }
+        GemmArgs a = base(static_cast<int64_t>(i));
+        a.m = out_f, a.n = in, a.k = m, a.trans_a = true;
+        a.a = static_cast<const char*>(gy.data_ptr()) + offsets[i] * out_f * es;
+        a.b = static_cast<const char*>(xc.data_ptr()) + offsets[i] * in * es;
+        a.c = grads[i + 1].data_ptr();
+        a.lda = out_f, a.ldb = in, a.ldc = in;
+        work.push_back(a);
+      }
+      grouped_gemm(work);
+      return grads;
+    });
   }
   return out;
 }

@@ -13,6 +13,12 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
 // x [..., in] . W[out, in]^T + bias[out] -> [..., out]  (PyTorch's nn.Linear).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = {});
+// One linear per group of rows (the experts of a MoE, tokens in expert order): rows
+// [offsets[g], offsets[g + 1]) of x [M, in] times w[g] [out, in]^T, -> [M, out]. offsets has
+// w.size() + 1 entries from 0 to M, non-decreasing (empty groups allowed). All groups run as one
+// grouped GEMM, forward and backward.
+Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
+                      const std::vector<Tensor>& w);
 
 // ---- kernel ----
 // C[b] = alpha * op(A[b]) op(B[b]) + beta * C[b] for b < batch, row-major, with op = transpose
@@ -34,5 +40,11 @@ using GemmKernel = void (*)(const GemmArgs& args);
 KernelTable<GemmKernel>& gemm_kernels();
 // Runs the GEMM kernel for args.device / args.dtype (used by matmul and by fused ops).
 void gemm(const GemmArgs& args);
+// Independent GEMMs (one device and dtype) as one unit of work: a backend's grouped kernel
+// schedules them together (the CPU's runs all the few-row products in one parallel region);
+// without one, each goes to the GEMM kernel in turn. Results equal running them one by one.
+using GroupedGemmKernel = void (*)(const std::vector<GemmArgs>& groups);
+KernelTable<GroupedGemmKernel>& grouped_gemm_kernels();
+void grouped_gemm(const std::vector<GemmArgs>& groups);
 
 }  // namespace myriad::ops

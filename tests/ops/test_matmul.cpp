@@ -131,6 +131,35 @@ TEST_P(Matmul, LinearMatchesReference) {
       {xt, w, bias}, backend());
 }
 
+// Ragged groups as a MoE makes them: empty experts, one token, a run of 16 (the last few-row
+// product) and runs beyond (oneDNN on the CPU), in one call.
+Tensor grouped(const std::vector<Tensor>& v, const std::vector<int64_t>& offsets) {
+  return ops::grouped_linear(v[0], offsets, std::vector<Tensor>(v.begin() + 1, v.end()));
+}
+
+TEST_P(Matmul, GroupedLinearMatchesReference) {
+  const std::vector<int64_t> counts = {0, 1, 3, 0, 16, 17, 40, 2};
+  std::vector<int64_t> offsets = {0};
+  for (int64_t c : counts) offsets.push_back(offsets.back() + c);
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{24, 20}, {37, 5}, {1, 9}}) {
+    std::vector<Tensor> v = {randn({offsets.back(), in}, 90 + in).requires_grad_()};
+    for (size_t g = 0; g < counts.size(); ++g)
+      v.push_back(randn({out, in}, 100 + g, 0.3).requires_grad_());
+    expect_matches_reference_all(
+        "grouped_linear in " + std::to_string(in) + " out " + std::to_string(out),
+        [&](const std::vector<Tensor>& x) { return grouped(x, offsets); }, v, backend());
+  }
+  // One group: a plain linear.
+  std::vector<Tensor> one = {randn({5, 8}, 97).requires_grad_(),
+                             randn({3, 8}, 98).requires_grad_()};
+  expect_matches_reference_all(
+      "grouped_linear one group",
+      [](const std::vector<Tensor>& x) {
+        return grouped(x, {0, 5});
+      },
+      one, backend());
+}
+
 TEST_P(Matmul, EmptyInnerDimensionGivesZeros) {
   Device dev = device_of(backend());
   for (DType t : {DType::F32, DType::BF16}) {
@@ -241,6 +270,82 @@ TEST(MatmulGrad, Gradcheck) {
                    {x, w, bias});
   expect_gradcheck("linear no bias",
                    [](const std::vector<Tensor>& v) { return ops::linear(v[0], v[1]); }, {x, w});
+}
+
+TEST(MatmulGrad, GroupedLinearGradcheck) {
+  std::vector<Tensor> v = {randn({6, 4}, 70).requires_grad_()};
+  for (uint64_t g = 0; g < 4; ++g) v.push_back(randn({3, 4}, 71 + g).requires_grad_());
+  expect_gradcheck(
+      "grouped_linear",
+      [](const std::vector<Tensor>& x) {
+        return grouped(x, {0, 2, 2, 5, 6});
+      },
+      v);
+}
+
+// Each group gets the bits a linear of its rows alone gives (the MoE's outputs do not depend on
+// how its experts are scheduled), in f32 and bf16.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor ca = ops::contiguous(a), cb = ops::contiguous(b);
+  return ca.shape() == cb.shape() && ca.dtype() == cb.dtype() &&
+         std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.numel() * dtype_size(ca.dtype())) == 0;
+}
+
+TEST(MatmulCpu, GroupedLinearEqualsLinearPerGroup) {
+  for (DType t : {DType::F32, DType::BF16}) {
+    // 1, 0, 4 and 16 rows (one region of few-row products), 39, 24, 33 and 17 (oneDNN, dealt
+    // to the threads); backward, the input's and the weights' products likewise.
+    const std::vector<int64_t> offsets = {0, 1, 1, 5, 21, 60, 84, 117, 134};
+    const size_t groups = offsets.size() - 1;
+    Tensor x = randn({134, 33}, 80).to(t).requires_grad_();
+    Tensor gy = randn({134, 19}, 79).to(t);
+    std::vector<Tensor> w;
+    for (uint64_t g = 0; g < groups; ++g)
+      w.push_back(randn({19, 33}, 81 + g).to(t).requires_grad_());
+    const Tensor y = ops::grouped_linear(x, offsets, w);
+    y.backward(gy);
+    const Tensor gx = x.grad();
+    std::vector<Tensor> gw;
+    for (Tensor& wg : w) gw.push_back(wg.grad()), wg.zero_grad();
+    for (size_t g = 0; g < groups; ++g) {
+      const int64_t a = offsets[g], b = offsets[g + 1];
+      if (a == b) continue;
+      Tensor xg = ops::slice(x, 0, a, b).detach().requires_grad_();
+      const Tensor want = ops::linear(xg, w[g]);
+      want.backward(ops::slice(gy, 0, a, b));
+      EXPECT_TRUE(same_bits(want, ops::slice(y, 0, a, b))) << dtype_name(t) << " group " << g;
+      EXPECT_TRUE(same_bits(xg.grad(), ops::slice(gx, 0, a, b))) << dtype_name(t) << " dx " << g;
+      EXPECT_TRUE(same_bits(w[g].grad(), gw[g])) << dtype_name(t) << " dw " << g;
+    }
+  }
+}
+
+TEST(MatmulErrors, GroupedLinear) {
+  Tensor x = randn({5, 4}, 1);
+  std::vector<Tensor> w = {randn({3, 4}, 2), randn({3, 4}, 3)};
+  expect_error([&] { ops::grouped_linear(x, {0, 5}, w); }, {"grouped_linear", "offsets", "3"});
+  expect_error([&] { ops::grouped_linear(x, {0, 2, 4}, w); }, {"grouped_linear", "offsets", "5"});
+  expect_error(
+      [&] {
+        ops::grouped_linear(x, {0, 4, 2, 5}, {w[0], w[1], w[0]});
+      },
+      {"grouped_linear", "decrease", "1"});
+  expect_error(
+      [&] {
+        ops::grouped_linear(x, {0, 2, 5}, {w[0], randn({2, 4}, 4)});
+      },
+      {"grouped_linear", "weight 1", "[2, 4]", "[3, 4]"});
+  expect_error(
+      [&] {
+        ops::grouped_linear(x, {0, 2, 5}, {w[0], w[1].to(DType::BF16)});
+      },
+      {"grouped_linear", "dtype"});
+  expect_error(
+      [&] {
+        ops::grouped_linear(randn({5}, 5), {0, 5}, {w[0]});
+      },
+      {"grouped_linear", "2-d"});
+  expect_error([&] { ops::grouped_linear(x, {0}, {}); }, {"grouped_linear", "no groups"});
 }
 
 TEST(MatmulErrors, ShapesRanksDtypes) {

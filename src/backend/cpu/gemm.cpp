@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -69,7 +71,7 @@ dnnl::memory::desc operand_md(int64_t batch, int64_t rows, int64_t cols, bool tr
 
 struct Entry {
   dnnl::matmul prim;
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, scratch;
 };
 
 std::shared_ptr<const Entry> create(const GemmArgs& g) {
@@ -78,6 +80,10 @@ std::shared_ptr<const Entry> create(const GemmArgs& g) {
   auto b = operand_md(g.batch, g.k, g.n, g.trans_b, g.ldb, g.stride_b, type);
   auto c = operand_md(g.batch, g.m, g.n, false, g.ldc, g.stride_c, type);
   dnnl::primitive_attr attr;
+  // Each calling thread passes its own scratchpad (thread_scratch below): with oneDNN's own
+  // (library) scratchpad, products run at once from the threads of one parallel region
+  // (grouped_gemm_cpu) corrupted each other's partial sums.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
   if (g.beta != 0.0f) {
     dnnl::post_ops po;
@@ -85,7 +91,7 @@ std::shared_ptr<const Entry> create(const GemmArgs& g) {
     attr.set_post_ops(po);
   }
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
-  return std::make_shared<const Entry>(Entry{dnnl::matmul(pd), a, b, c});
+  return std::make_shared<const Entry>(Entry{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc()});
 }
 
 // Both caches are simply emptied when full: shapes in a training run are few, and a miss only
@@ -123,7 +129,8 @@ Bound& bound_for(const GemmArgs& g) {
   Bound b{shared_entry(key, g), {}};
   b.args = {{DNNL_ARG_SRC, dnnl::memory(b.e->a, engine(), DNNL_MEMORY_NONE)},
             {DNNL_ARG_WEIGHTS, dnnl::memory(b.e->b, engine(), DNNL_MEMORY_NONE)},
-            {DNNL_ARG_DST, dnnl::memory(b.e->c, engine(), DNNL_MEMORY_NONE)}};
+            {DNNL_ARG_DST, dnnl::memory(b.e->c, engine(), DNNL_MEMORY_NONE)},
+            {DNNL_ARG_SCRATCHPAD, dnnl::memory(b.e->scratch, engine(), DNNL_MEMORY_NONE)}};
   return local.emplace(key, std::move(b)).first->second;
 }
 
@@ -244,58 +251,161 @@ void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, T* c, int6
   }
 }
 
-// Over every batch: work items are (batch, block of n), at least ~64 KiB of B each, so a
-// thread is woken only for work that outweighs waking it. bf16 rows of A are widened to f32
-// once, before the parallel region.
+// Over every product and batch: work items are (product, batch, block of n), at least ~64 KiB
+// of B each, so a thread is woken only for work that outweighs waking it, and all of them share
+// one parallel region (a MoE's experts at decode: one region instead of one per expert). bf16
+// rows of A are widened to f32 once, before the region.
 template <class T>
-void few_rows(const GemmArgs& g) {
-  const int64_t elt = sizeof(T);
-  const int64_t block = std::max<int64_t>(4, (int64_t{64} << 10) / std::max<int64_t>(1, g.k * elt));
-  const int64_t per_batch = (g.n + block - 1) / block;
-  const float* x = nullptr;
-  int64_t ldx = g.lda, stride_x = g.stride_a;
+void few_rows(const std::vector<GemmArgs>& gs) {
+  struct Job {
+    const float* x;
+    int64_t ldx, stride_x, block, per_batch;
+  };
+  std::vector<Job> jobs(gs.size());
+  std::vector<int64_t> first(gs.size() + 1, 0);  // first work item of each product
   std::vector<float> widened;
-  if constexpr (std::is_same_v<T, float>) {
-    x = static_cast<const float*>(g.a);
-  } else {
-    const int64_t batches = g.stride_a == 0 ? 1 : g.batch;
-    widened.resize(static_cast<size_t>(batches * g.m * g.k));
-    for (int64_t bi = 0; bi < batches; ++bi)
-      for (int64_t r = 0; r < g.m; ++r) {
-        const T* src = static_cast<const T*>(g.a) + bi * g.stride_a + r * g.lda;
-        float* dst = widened.data() + (bi * g.m + r) * g.k;
-        for (int64_t i = 0; i < g.k; ++i) dst[i] = bf16_load(src[i]);
-      }
-    x = widened.data(), ldx = g.k, stride_x = g.stride_a == 0 ? 0 : g.m * g.k;
+  std::vector<int64_t> widened_at(gs.size(), 0);
+  for (size_t p = 0; p < gs.size(); ++p) {
+    const GemmArgs& g = gs[p];
+    Job& j = jobs[p];
+    j.block = std::max<int64_t>(4, (int64_t{64} << 10) / std::max<int64_t>(1, g.k * sizeof(T)));
+    j.per_batch = (g.n + j.block - 1) / j.block;
+    first[p + 1] = first[p] + g.batch * j.per_batch;
+    if constexpr (std::is_same_v<T, float>) {
+      j.x = static_cast<const float*>(g.a), j.ldx = g.lda, j.stride_x = g.stride_a;
+    } else {
+      widened_at[p] = static_cast<int64_t>(widened.size());
+      const int64_t batches = g.stride_a == 0 ? 1 : g.batch;
+      widened.resize(widened.size() + static_cast<size_t>(batches * g.m * g.k));
+    }
   }
-  parallel_for(g.batch * per_batch, 1, [&](int64_t w0, int64_t w1) {
+  if constexpr (!std::is_same_v<T, float>) {
+    for (size_t p = 0; p < gs.size(); ++p) {
+      const GemmArgs& g = gs[p];
+      const int64_t batches = g.stride_a == 0 ? 1 : g.batch;
+      float* w = widened.data() + widened_at[p];
+      for (int64_t bi = 0; bi < batches; ++bi)
+        for (int64_t r = 0; r < g.m; ++r) {
+          const T* src = static_cast<const T*>(g.a) + bi * g.stride_a + r * g.lda;
+          float* dst = w + (bi * g.m + r) * g.k;
+          for (int64_t i = 0; i < g.k; ++i) dst[i] = bf16_load(src[i]);
+        }
+      jobs[p].x = w, jobs[p].ldx = g.k, jobs[p].stride_x = g.stride_a == 0 ? 0 : g.m * g.k;
+    }
+  }
+  parallel_for(first.back(), 1, [&](int64_t w0, int64_t w1) {
+    size_t p =
+        static_cast<size_t>(std::upper_bound(first.begin(), first.end(), w0) - first.begin()) - 1;
     for (int64_t w = w0; w < w1; ++w) {
-      const int64_t bi = w / per_batch, j0 = (w % per_batch) * block;
-      const int64_t j1 = std::min(g.n, j0 + block);
+      while (w >= first[p + 1]) ++p;
+      const GemmArgs& g = gs[p];
+      const Job& j = jobs[p];
+      const int64_t item = w - first[p];
+      const int64_t bi = item / j.per_batch, c0 = (item % j.per_batch) * j.block;
+      const int64_t c1 = std::min(g.n, c0 + j.block);
       const T* b = static_cast<const T*>(g.b) + bi * g.stride_b;
       T* c = static_cast<T*>(g.c) + bi * g.stride_c;
-      rows_of_bt(x + bi * stride_x, ldx, b, g.ldb, c, g.ldc, g.m, g.k, j0, j1, g.alpha, g.beta);
+      rows_of_bt(j.x + bi * j.stride_x, j.ldx, b, g.ldb, c, g.ldc, g.m, g.k, c0, c1, g.alpha,
+                 g.beta);
     }
   });
 }
 
-void gemm_cpu(const GemmArgs& g) {
-  MYRIAD_CHECK(g.dtype == DType::F32 || g.dtype == DType::BF16,
-               "matmul: the cpu kernel supports f32 and bf16, not ", dtype_name(g.dtype));
-  if (g.k == 0) return scale_c(g);
-  if (g.m <= kMaxRows && g.trans_b && !g.trans_a) {
-    if (g.dtype == DType::F32) return few_rows<float>(g);
-    return few_rows<uint16_t>(g);
+bool takes_few_rows(const GemmArgs& g) {
+  return g.m <= kMaxRows && g.trans_b && !g.trans_a && g.k > 0;
+}
+
+// The calling thread's scratchpad, grown to the largest a primitive asks for (page-aligned).
+void* thread_scratch(size_t bytes) {
+  struct Buffer {
+    void* p = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer buf;
+  if (bytes > buf.size) {
+    std::free(buf.p);
+    buf.size = (bytes + 4095) / 4096 * 4096;
+    buf.p = std::aligned_alloc(4096, buf.size);
+    MYRIAD_CHECK(buf.p, "matmul: cannot allocate a ", buf.size, "-byte oneDNN scratchpad");
   }
+  return buf.p;
+}
+
+void onednn(const GemmArgs& g) {
   Bound& b = bound_for(g);
+  const size_t scratch = b.e->scratch.get_size();
+  b.args[DNNL_ARG_SCRATCHPAD].set_data_handle(scratch ? thread_scratch(scratch) : nullptr);
   b.args[DNNL_ARG_SRC].set_data_handle(const_cast<void*>(g.a));
   b.args[DNNL_ARG_WEIGHTS].set_data_handle(const_cast<void*>(g.b));
   b.args[DNNL_ARG_DST].set_data_handle(g.c);
   b.e->prim.execute(stream(), b.args);
 }
 
+void check_dtype(const GemmArgs& g) {
+  MYRIAD_CHECK(g.dtype == DType::F32 || g.dtype == DType::BF16,
+               "matmul: the cpu kernel supports f32 and bf16, not ", dtype_name(g.dtype));
+}
+
+void few_rows_any(const std::vector<GemmArgs>& gs) {
+  if (gs.empty()) return;
+  if (gs[0].dtype == DType::F32) return few_rows<float>(gs);
+  few_rows<uint16_t>(gs);
+}
+
+void gemm_cpu(const GemmArgs& g) {
+  check_dtype(g);
+  if (g.k == 0) return scale_c(g);
+  if (takes_few_rows(g)) return few_rows_any({g});
+  onednn(g);
+}
+
+// The few-row products share one parallel region. The larger ones (a MoE's experts in prefill
+// and training) are dealt to the threads, largest first to the least loaded, each thread running
+// its whole products one after another: oneDNN inside a parallel region runs its threads' shares
+// in turn on the calling thread, so every product still gets the bits gemm_cpu gives it alone,
+// and a layer's experts cost one region instead of one per expert.
+void grouped_gemm_cpu(const std::vector<GemmArgs>& gs) {
+  std::vector<GemmArgs> few, large;
+  for (const GemmArgs& g : gs) {
+    check_dtype(g);
+    (takes_few_rows(g) ? few : large).push_back(g);
+  }
+  few_rows_any(few);
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads <= 1 || large.size() < 2 * static_cast<size_t>(threads)) {
+    for (const GemmArgs& g : large) gemm_cpu(g);
+    return;
+  }
+  std::vector<double> work(large.size());
+  std::vector<size_t> order(large.size());
+  for (size_t i = 0; i < large.size(); ++i) {
+    order[i] = i;
+    work[i] = static_cast<double>(large[i].m) * large[i].n * std::max<int64_t>(large[i].k, 1);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return work[a] > work[b]; });
+  std::vector<std::vector<size_t>> mine(static_cast<size_t>(threads));
+  std::vector<double> load(static_cast<size_t>(threads), 0.0);
+  for (size_t i : order) {
+    const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    mine[t].push_back(i);
+    load[t] += work[i];
+  }
+  std::exception_ptr error;  // an exception must not leave the parallel region
+#pragma omp parallel num_threads(threads)
+  try {
+    for (size_t i : mine[static_cast<size_t>(omp_get_thread_num())]) gemm_cpu(large[i]);
+  } catch (...) {
+#pragma omp critical(myriad_grouped_gemm_error)
+    if (!error) error = std::current_exception();
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 }  // namespace
 
 MYRIAD_REGISTER_KERNEL(ops::gemm_kernels, ops::Backend::CPU, &gemm_cpu);
+MYRIAD_REGISTER_KERNEL(ops::grouped_gemm_kernels, ops::Backend::CPU, &grouped_gemm_cpu);
 
 }  // namespace myriad::cpu
