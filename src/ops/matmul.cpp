@@ -289,13 +289,7 @@ Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
     a.lda = in, a.ldb = in, a.ldc = out_f;
     fwd.push_back(a);
   }
-  if (rows > 0 && out_f > 0) {
-    if (in == 0) {
-      out.fill_(0.0);
-    } else {
-      grouped_gemm(fwd);
-    }
-  }
+  grouped_gemm(fwd);  // in = 0 gives zeros: an empty inner dimension is part of the GEMM contract
   std::vector<Tensor> inputs = {x};
   inputs.insert(inputs.end(), w.begin(), w.end());
   if (needs_grad(inputs)) {
@@ -308,8 +302,7 @@ Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
       if (need[0]) {
         // dx_g = dy_g W_g
         grads[0] = Tensor::empty({rows, in}, xc.dtype(), xc.device());
-        if (out_f == 0) grads[0].fill_(0.0);
-        for (size_t i = 0; i + 1 < offsets.size() && out_f > 0; ++i) {
+        for (size_t i = 0; i + 1 < offsets.size(); ++i) {
           GemmArgs a = base(static_cast<int64_t>(i));
           a.n = in, a.k = out_f;
           a.a = static_cast<const char*>(gy.data_ptr()) + offsets[i] * out_f * es;
@@ -322,14 +315,10 @@ Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
       for (size_t i = 0; i + 1 < offsets.size(); ++i) {
         if (!need[i + 1]) continue;
         // dW_g = dy_g^T x_g: [out, m] x [m, in]
+        // An empty group (k = 0) gets zeros from the GEMM itself.
         grads[i + 1] = Tensor::empty({out_f, in}, xc.dtype(), xc.device());
-        const int64_t m = offsets[i + 1] - offsets[i];
-        if (m == 0) {
-          grads[i + 1].fill_(0.0);
-          continue;
-        }
         GemmArgs a = base(static_cast<int64_t>(i));
-        a.m = out_f, a.n = in, a.k = m, a.trans_a = true;
+        a.m = out_f, a.n = in, a.k = offsets[i + 1] - offsets[i], a.trans_a = true;
         a.a = static_cast<const char*>(gy.data_ptr()) + offsets[i] * out_f * es;
         a.b = static_cast<const char*>(xc.data_ptr()) + offsets[i] * in * es;
         a.c = grads[i + 1].data_ptr();

@@ -141,7 +141,7 @@ TEST_P(Matmul, GroupedLinearMatchesReference) {
   const std::vector<int64_t> counts = {0, 1, 3, 0, 16, 17, 40, 2};
   std::vector<int64_t> offsets = {0};
   for (int64_t c : counts) offsets.push_back(offsets.back() + c);
-  for (auto [in, out] : {std::pair<int64_t, int64_t>{24, 20}, {37, 5}, {1, 9}}) {
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{24, 20}, {37, 5}, {1, 9}, {0, 9}}) {
     std::vector<Tensor> v = {randn({offsets.back(), in}, 90 + in).requires_grad_()};
     for (size_t g = 0; g < counts.size(); ++g)
       v.push_back(randn({out, in}, 100 + g, 0.3).requires_grad_());
