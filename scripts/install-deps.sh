@@ -10,6 +10,7 @@ PKGS=(cmake ninja-build g++ ccache clang-format pkg-config
       wordnet-base dict-gcide  # the built-in training text, read at run time
       dataset-fashion-mnist libstb-dev  # the built-in images (read at run time) and the image decoder
       clang libclang-rt-14-dev libomp-dev  # the libFuzzer targets
+      libopenmpi-dev openmpi-bin  # distributed training: the MPI plugin and mpirun
       python3 python3-venv)  # the test command's checks with the openai and tensorboard packages
 missing=()
 for p in "${PKGS[@]}"; do

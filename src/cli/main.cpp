@@ -11,6 +11,7 @@
 #include "cli/train.h"
 #include "cli/vision.h"
 #include "core/error.h"
+#include "dist/comm.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Myriad: an engine for sparse-expert, long-context language models"};
@@ -56,10 +57,10 @@ int main(int argc, char** argv) {
     if (*eval_args.cmd) return myriad::cli::eval_command(eval_args);
     if (agent_args.selected()) return myriad::cli::agent_command(agent_args);
     if (vision_args.selected()) return myriad::cli::vision_command(vision_args);
-  } catch (const myriad::Error& e) {
-    std::fprintf(stderr, "myriad: error: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
+    // Under mpirun the other ranks may wait in a collective: end them all now.
+    if (myriad::dist::Comm* w = myriad::dist::started_world())
+      w->abort(1, std::string("error: ") + e.what());
     std::fprintf(stderr, "myriad: error: %s\n", e.what());
     return 1;
   }

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "dist/comm.h"
 #include "train/recipe.h"
 #include "train/report.h"
 #include "train/trainer.h"
@@ -157,7 +158,8 @@ int train_command(const TrainArgs& a) {
     std::printf("stage gate failed and [eval] gate = \"stop\": training ends here\n");
     return 3;
   }
-  if (!t.finished()) return 130;  // stopped by a signal; the checkpoint is saved
+  if (!t.finished()) return 130;            // stopped by a signal; the checkpoint is saved
+  if (dist::world().rank() != 0) return 0;  // rank 0 exports the model and prints the summary
   const fs::path model_dir = fs::path(out) / "model";
   const fs::path tok_path = fs::path(recipe.tokenizer).is_absolute()
                                 ? fs::path(recipe.tokenizer)

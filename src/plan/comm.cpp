@@ -46,7 +46,9 @@ CommBreakdown training_comm(const ModelConfig& c, const ParamCounts& pc, const H
         (st == 0 ? pc.embedding : 0) + (st == l.pp - 1 ? pc.head + pc.model_level_other : 0);
     double ro = 0, moe = 0, kda = 0, mla = 0;
     for (int64_t i = stages[st].first; i < stages[st].second; ++i) {
-      sh += pc.layers[i].shared, ro += pc.layers[i].routed / static_cast<double>(l.ep);
+      // Balancer-set tensors (no gradient) are neither reduced nor gathered.
+      sh += pc.layers[i].shared - pc.layers[i].frozen;
+      ro += pc.layers[i].routed / static_cast<double>(l.ep);
       moe += pc.layers[i].moe, kda += !pc.layers[i].mla, mla += pc.layers[i].mla;
     }
     shared = std::max(shared, sh), routed = std::max(routed, ro);
@@ -140,11 +142,12 @@ CommBreakdown training_comm(const ModelConfig& c, const ParamCounts& pc, const H
   }
 
   // Quantile Balancing: one histogram all-reduce per MoE layer and step over the whole stage
-  // (TRAINING.md §3.2); the other balancers reduce one count per expert.
-  if (c.num_experts > 0 && g_sh > 1 && c.myriad.balancer.mode != "none") {
-    const double per_layer = c.myriad.balancer.mode == "quantile"
-                                 ? static_cast<double>(c.num_experts) * c.myriad.balancer.bins * 4
-                                 : static_cast<double>(c.num_experts) * 4;
+  // (TRAINING.md §3.2), with the expert counts and the token count (int32) that every balancer
+  // (and the load monitor) reduces.
+  if (c.num_experts > 0 && g_sh > 1) {
+    const double n = static_cast<double>(c.num_experts);
+    const double per_layer =
+        (c.myriad.balancer.mode == "quantile" ? n * c.myriad.balancer.bins + n + 1 : n + 1) * 4;
     CommItem qb{"balancer_all_reduce",
                 c.myriad.balancer.mode == "quantile" ? "QB histograms (int32)" : "expert counts",
                 g_sh, crosses(hw, g_sh, 1), 2 * f_sh * per_layer * moe_layers};

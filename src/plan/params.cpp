@@ -208,6 +208,7 @@ ParamCounts count_params(const ModelConfig& c) {
     }
     LayerParams& lp = pc.layers[t.layer];
     (routed ? lp.routed : lp.shared) += numel;
+    if (!routed && !t.trainable) lp.frozen += numel;
     if (t.muon) {
       (routed ? lp.muon_routed : lp.muon_shared) += numel;
       (routed ? lp.muon_ns_flops_routed : lp.muon_ns_flops_shared) +=

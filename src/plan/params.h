@@ -50,6 +50,7 @@ struct LayerParams {
   bool mla = false, moe = false;
   int64_t shared = 0;       // everything except routed experts (replicated over EP)
   int64_t routed = 0;       // all routed experts of the layer (sharded over EP)
+  int64_t frozen = 0;       // of `shared`, not trained (set by the balancer): no gradient traffic
   int64_t muon_shared = 0;  // of which in the Muon group
   int64_t muon_routed = 0;
   // Newton-Schulz FLOPs of one Muon step over the layer's matrices (TRAINING.md §1.3).

@@ -135,6 +135,25 @@ void Balancer::quantile_update(std::vector<double>& b) {
   centre(b);  // the EMA of centred vectors is centred; this removes rounding drift too
 }
 
+void Balancer::all_reduce(dist::Comm& c) {
+  if (c.size() == 1) return;
+  MYRIAD_CHECK(!exact_,
+               "balancer: the exact quantile mode keeps every margin; it does not run "
+               "data parallel");
+  // int32, as the planner counts it: [histogram n x B (quantile mode) | counts n | tokens].
+  const size_t n = static_cast<size_t>(n_);
+  const size_t H = c_.mode == "quantile" ? n * static_cast<size_t>(c_.bins) : 0;
+  if (H && hist_.empty()) hist_.assign(H, 0);  // this rank saw no tokens
+  std::vector<int32_t> v(H + n + 1);
+  std::copy(hist_.begin(), hist_.begin() + static_cast<std::ptrdiff_t>(H), v.begin());
+  for (size_t j = 0; j < n; ++j) v[H + j] = static_cast<int32_t>(counts_[j]);
+  v[H + n] = static_cast<int32_t>(m_);
+  c.all_reduce_sum("balancer_all_reduce", v.data(), v.size());
+  std::copy(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(H), hist_.begin());
+  for (size_t j = 0; j < n; ++j) counts_[j] = v[H + j];
+  m_ = v[H + n];
+}
+
 void Balancer::update(Tensor& bias) {
   std::vector<double> b = host_bias(bias, n_);
   const double q = static_cast<double>(m_) * static_cast<double>(k_) / static_cast<double>(n_);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/comm.h"
 #include "model/config.h"
 
 namespace myriad::train {
@@ -40,6 +41,11 @@ class Balancer {
   // exact through JSON, for checkpoints: a resumed run makes the same decisions.
   nlohmann::json state() const;
   void load_state(const nlohmann::json& j);
+
+  // Data parallel: sums the step's accumulators (counts, tokens, the §3.2 histogram) over the
+  // ranks, so update() decides on the global batch (one all-reduce; the histogram range depends
+  // only on the bias, which every rank shares). Not for set_exact(true).
+  void all_reduce(dist::Comm& c);
 
   void set_exact(bool on) { exact_ = on; }
   // Accumulated since the last update: per-expert counts and tokens m.

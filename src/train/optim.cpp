@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "backend/cpu/cpu.h"
 #include "core/autograd.h"
@@ -103,16 +104,31 @@ Optimizer::Optimizer(NamedParams named_params, OptimConfig config,
   }
 }
 
+// Sum of squares per parameter, then 1 per parameter with a gradient (0 for parameters owned
+// elsewhere before the exchange), complete on every rank, so any sum over parameters taken in
+// slot order has the same bits at any dp.
+std::vector<double> Optimizer::slot_sum_squares() const {
+  const size_t n = slots_.size();
+  std::vector<double> ss(2 * n, 0.0);
+  for (size_t i = 0; i < n; ++i) {
+    const Slot& s = slots_[i];
+    if (s.group != ParamGroup::BalancerOwned && mine(i) && s.param.grad().defined())
+      ss[i] = sum_squares(s.param.grad()), ss[n + i] = 1;
+  }
+  if (sharded() && zero_) comm_->all_reduce_sum("dp_grad_norm", ss.data(), ss.size());
+  return ss;
+}
+
 double Optimizer::clip_grad_norm() {
+  const std::vector<double> per = slot_sum_squares();
   double ss = 0;
-  for (const Slot& s : slots_)
-    if (s.group != ParamGroup::BalancerOwned && s.param.grad().defined())
-      ss += sum_squares(s.param.grad());
+  for (size_t i = 0; i < slots_.size(); ++i) ss += per[i];
   const double norm = std::sqrt(ss);
   if (!std::isfinite(norm) || cfg_.clip_norm <= 0 || norm <= cfg_.clip_norm) return norm;
   const float scale = static_cast<float>(cfg_.clip_norm / norm);
-  for (const Slot& s : slots_) {
-    if (s.group == ParamGroup::BalancerOwned || !s.param.grad().defined()) continue;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.group == ParamGroup::BalancerOwned || !mine(i) || !s.param.grad().defined()) continue;
     const Tensor g = s.param.grad();
     const Tensor h = host_f32(g);
     float* p = h.data<float>();
@@ -123,12 +139,258 @@ double Optimizer::clip_grad_norm() {
 }
 
 std::map<std::string, double> Optimizer::group_grad_norms() const {
+  const std::vector<double> per = slot_sum_squares();
   std::map<std::string, double> ss;
-  for (const Slot& s : slots_)
-    if (s.group != ParamGroup::BalancerOwned && s.param.grad().defined())
-      ss[group_name(s.group)] += sum_squares(s.param.grad());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.group != ParamGroup::BalancerOwned && per[slots_.size() + i] > 0)
+      ss[group_name(s.group)] += per[i];
+  }
   for (auto& [k, v] : ss) v = std::sqrt(v);
   return ss;
+}
+
+template <class F>
+void Optimizer::for_owned(int r, F&& f) const {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].group != ParamGroup::BalancerOwned && owner(i) == r) f(i);
+}
+
+void Optimizer::distribute(dist::Comm* comm, bool zero) {
+  comm_ = comm, zero_ = zero;
+  owner_.clear(), owned_.clear();
+  seg_.clear();
+  if (!sharded()) return;
+  const int W = comm_->size();
+  owner_.assign(slots_.size(), 0);
+  owned_.assign(static_cast<size_t>(W), 0);
+  std::vector<size_t> order(slots_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return slots_[a].param.numel() > slots_[b].param.numel();
+  });
+  for (size_t i : order) {
+    if (slots_[i].group == ParamGroup::BalancerOwned) continue;
+    const auto r =
+        static_cast<int>(std::min_element(owned_.begin(), owned_.end()) - owned_.begin());
+    owner_[i] = r;
+    owned_[static_cast<size_t>(r)] += slots_[i].param.numel();
+  }
+  if (zero_)  // ZeRO-1: the moments of other ranks' parameters are not kept
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (!mine(i)) slots_[i].exp_avg = slots_[i].exp_avg_sq = slots_[i].moment = Tensor();
+}
+
+// Rank r's segment of a packed gradient: the gradients of its parameters in slot order, then
+// one "has a gradient" flag per parameter. seg_[r] is its offset, seg_[W] the total.
+void Optimizer::layout() {
+  if (!seg_.empty()) return;
+  const int W = sharded() ? comm_->size() : 1;
+  seg_.assign(static_cast<size_t>(W) + 1, 0);
+  for (int r = 0; r < W; ++r) {
+    size_t n = 0;
+    for_owned(r, [&](size_t i) { n += static_cast<size_t>(slots_[i].param.numel()) + 1; });
+    seg_[static_cast<size_t>(r) + 1] = seg_[static_cast<size_t>(r)] + n;
+  }
+}
+
+void Optimizer::pack_gradients(float* out) const {
+  const int W = static_cast<int>(seg_.size()) - 1;
+  for (int r = 0; r < W; ++r) {
+    size_t off = seg_[static_cast<size_t>(r)], flag = seg_[static_cast<size_t>(r) + 1];
+    for_owned(r, [&](size_t) { --flag; });
+    for_owned(r, [&](size_t i) {
+      const Tensor g = slots_[i].param.grad();
+      const auto n = static_cast<size_t>(slots_[i].param.numel());
+      if (g.defined()) {
+        const Tensor h = host_f32(g);
+        std::memcpy(out + off, h.data<float>(), n * sizeof(float));
+        out[flag] = 1.0f;
+      } else {
+        std::fill(out + off, out + off + n, 0.0f);
+        out[flag] = 0.0f;
+      }
+      off += n, ++flag;
+    });
+  }
+}
+
+void Optimizer::unpack_gradients(int r, const float* seg) {
+  size_t off = 0, flag = seg_[static_cast<size_t>(r) + 1] - seg_[static_cast<size_t>(r)];
+  for_owned(r, [&](size_t) { --flag; });
+  for_owned(r, [&](size_t i) {
+    Slot& s = slots_[i];
+    const auto n = static_cast<size_t>(s.param.numel());
+    if (seg[flag] > 0) {
+      Tensor g = Tensor::empty(s.param.shape());
+      std::memcpy(g.data<float>(), seg + off, n * sizeof(float));
+      s.param.set_grad(g.to(s.param.device()).to(s.param.dtype()));
+    } else {
+      s.param.zero_grad();
+    }
+    off += n, ++flag;
+  });
+}
+
+void Optimizer::stash_gradients() {
+  NoGradGuard ng;
+  layout();
+  std::vector<float> g(seg_.back());
+  pack_gradients(g.data());
+  zero_grad();
+  if (sharded()) {
+    stash_.push_back(std::move(g));
+    return;
+  }
+  // One process: add up as we go, in micro-batch order.
+  if (stash_.empty()) {
+    stash_.push_back(std::move(g));
+    return;
+  }
+  add_segment(0, g.data(), stash_[0].data());
+}
+
+// acc += x over rank r's segment, parameter by parameter: a parameter's first gradient is
+// copied, later ones added (float adds in micro-batch order, as autograd would accumulate).
+void Optimizer::add_segment(int r, const float* x, float* acc) const {
+  size_t off = 0, flag = seg_[static_cast<size_t>(r) + 1] - seg_[static_cast<size_t>(r)];
+  for_owned(r, [&](size_t) { --flag; });
+  for_owned(r, [&](size_t i) {
+    const auto n = static_cast<size_t>(slots_[i].param.numel());
+    if (x[flag] > 0) {
+      if (acc[flag] > 0) {
+        for (size_t k = 0; k < n; ++k) acc[off + k] += x[off + k];
+      } else {
+        std::memcpy(acc + off, x + off, n * sizeof(float));
+        acc[flag] = 1.0f;
+      }
+    }
+    off += n, ++flag;
+  });
+}
+
+void Optimizer::reduce_gradients() {
+  NoGradGuard ng;
+  if (stash_.empty() && !sharded()) return;
+  layout();
+  const int W = static_cast<int>(seg_.size()) - 1;
+  const auto me = static_cast<size_t>(sharded() ? comm_->rank() : 0);
+  std::vector<size_t> counts(static_cast<size_t>(W));
+  for (size_t r = 0; r < counts.size(); ++r) counts[r] = seg_[r + 1] - seg_[r];
+  std::vector<float> mine_sum(counts[me], 0.0f);
+  if (!stash_.empty() && !sharded()) {
+    unpack_gradients(0, stash_[0].data());
+    stash_.clear();
+    return;
+  }
+  if (!stash_.empty()) {
+    // Deterministic: every stashed micro-batch's slice to its owner (one all-to-all), summed
+    // there in the global micro-batch order (rank q's j-th is micro-batch j * W + q).
+    const size_t n_local = stash_.size();
+    std::vector<float> send(n_local * seg_.back());
+    std::vector<size_t> send_bytes(static_cast<size_t>(W)), recv_bytes(static_cast<size_t>(W));
+    size_t off = 0;
+    for (size_t r = 0; r < static_cast<size_t>(W); ++r) {
+      for (const auto& g : stash_) {
+        std::memcpy(send.data() + off, g.data() + seg_[r], counts[r] * sizeof(float));
+        off += counts[r];
+      }
+      send_bytes[r] = n_local * counts[r] * sizeof(float);
+      recv_bytes[r] = n_local * counts[me] * sizeof(float);
+    }
+    stash_.clear();
+    std::vector<float> recv(static_cast<size_t>(W) * n_local * counts[me]);
+    comm_->all_to_all("dp_all_to_all_grads", send.data(), send_bytes, recv.data(), recv_bytes);
+    for (size_t m = 0; m < static_cast<size_t>(W) * n_local; ++m) {
+      const size_t q = m % static_cast<size_t>(W), j = m / static_cast<size_t>(W);
+      add_segment(static_cast<int>(me), recv.data() + (q * n_local + j) * counts[me],
+                  mine_sum.data());
+    }
+  } else {
+    // The parameters' gradients in one reduce-scatter (the bytes the planner predicts); the
+    // "has a gradient" flags in a small all-reduce of their own.
+    std::vector<float> packed(seg_.back());
+    pack_gradients(packed.data());
+    std::vector<float> send;
+    std::vector<double> flags;
+    std::vector<size_t> params(static_cast<size_t>(W)), flag_at(static_cast<size_t>(W));
+    send.reserve(seg_.back());
+    for (size_t r = 0; r < static_cast<size_t>(W); ++r) {
+      params[r] = static_cast<size_t>(owned_[r]);
+      flag_at[r] = flags.size();
+      send.insert(send.end(), packed.begin() + static_cast<std::ptrdiff_t>(seg_[r]),
+                  packed.begin() + static_cast<std::ptrdiff_t>(seg_[r] + params[r]));
+      flags.insert(flags.end(), packed.begin() + static_cast<std::ptrdiff_t>(seg_[r] + params[r]),
+                   packed.begin() + static_cast<std::ptrdiff_t>(seg_[r + 1]));
+    }
+    comm_->reduce_scatter_sum("dp_reduce_scatter", send.data(), mine_sum.data(), params);
+    comm_->all_reduce_sum("dp_grad_flags", flags.data(), flags.size());
+    for (size_t k = params[me]; k < counts[me]; ++k)
+      mine_sum[k] = static_cast<float>(flags[flag_at[me] + k - params[me]]);
+  }
+  if (zero_) {
+    unpack_gradients(static_cast<int>(me), mine_sum.data());
+    return;
+  }
+  // Replicated optimizer: the summed segments to every rank (the same bits everywhere).
+  std::vector<size_t> bytes(counts);
+  for (size_t& b : bytes) b *= sizeof(float);
+  std::vector<float> full(seg_.back());
+  comm_->all_gather("dp_all_gather_grads", mine_sum.data(), full.data(), bytes);
+  for (int r = 0; r < W; ++r) unpack_gradients(r, full.data() + seg_[static_cast<size_t>(r)]);
+}
+
+std::map<std::string, Tensor> Optimizer::gathered_state_dict() const {
+  if (!sharded() || !zero_) return state_dict();
+  const int W = comm_->size();
+  // Rank r's bytes: for each of its parameters in slot order, its moment tensors then its step.
+  auto slot_bytes = [&](size_t i) {
+    const Slot& s = slots_[i];
+    const auto n = static_cast<size_t>(s.param.numel()) * sizeof(float);
+    return (s.muon ? n : 2 * n) + sizeof(int64_t);
+  };
+  std::vector<size_t> counts(static_cast<size_t>(W), 0);
+  for (int r = 0; r < W; ++r)
+    for_owned(r, [&](size_t i) { counts[static_cast<size_t>(r)] += slot_bytes(i); });
+  std::vector<char> send(counts[static_cast<size_t>(comm_->rank())]);
+  size_t off = 0;
+  auto put = [&](const void* p, size_t n) {
+    std::memcpy(send.data() + off, p, n);
+    off += n;
+  };
+  for_owned(comm_->rank(), [&](size_t i) {
+    const Slot& s = slots_[i];
+    for (const Tensor* t : {&s.moment, &s.exp_avg, &s.exp_avg_sq})
+      if (t->defined()) put(t->data<float>(), t->nbytes());
+    put(&s.steps, sizeof(int64_t));
+  });
+  std::vector<char> all(std::accumulate(counts.begin(), counts.end(), size_t{0}));
+  comm_->all_gather("dp_gather_optimizer_state", send.data(), all.data(), counts);
+  std::map<std::string, Tensor> sd;
+  const int64_t global = step_;
+  sd["step"] = Tensor::from_ints(std::span(&global, 1), {1});
+  off = 0;
+  for (int r = 0; r < W; ++r)
+    for_owned(r, [&](size_t i) {
+      const Slot& s = slots_[i];
+      auto take = [&](const std::string& key) {
+        Tensor t = Tensor::empty(s.param.shape());
+        std::memcpy(t.data<float>(), all.data() + off, t.nbytes());
+        off += t.nbytes();
+        sd[s.name + key] = t;
+      };
+      if (s.muon) {
+        take(".momentum_buffer");
+      } else {
+        take(".exp_avg");
+        take(".exp_avg_sq");
+      }
+      int64_t steps = 0;
+      std::memcpy(&steps, all.data() + off, sizeof steps);
+      off += sizeof steps;
+      sd[s.name + ".step"] = Tensor::from_ints(std::span(&steps, 1), {1});
+    });
+  return sd;
 }
 
 void Optimizer::zero_grad() {
@@ -138,13 +400,41 @@ void Optimizer::zero_grad() {
 void Optimizer::step(double lr) {
   NoGradGuard ng;
   ++step_;
-  for (Slot& s : slots_) {
-    if (s.group == ParamGroup::BalancerOwned || !s.param.grad().defined()) continue;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    if (s.group == ParamGroup::BalancerOwned || !mine(i) || !s.param.grad().defined()) continue;
     if (s.muon)
       muon_update(s, lr);
     else
       adamw_update(s, lr);
   }
+  if (!sharded() || !zero_) return;
+  // ZeRO-1: every owner's updated weights to every rank.
+  const int W = comm_->size();
+  std::vector<size_t> counts(static_cast<size_t>(W));
+  for (int r = 0; r < W; ++r)
+    counts[static_cast<size_t>(r)] = static_cast<size_t>(owned_[static_cast<size_t>(r)]) * 4;
+  std::vector<float> send(static_cast<size_t>(owned_[static_cast<size_t>(comm_->rank())]));
+  size_t off = 0;
+  for_owned(comm_->rank(), [&](size_t i) {
+    const Tensor h = host_f32(slots_[i].param);
+    std::memcpy(send.data() + off, h.data<float>(), h.nbytes());
+    off += static_cast<size_t>(h.numel());
+  });
+  std::vector<float> all(std::accumulate(counts.begin(), counts.end(), size_t{0}) / 4);
+  comm_->all_gather("dp_all_gather", send.data(), all.data(), counts);
+  off = 0;
+  for (int r = 0; r < W; ++r)
+    for_owned(r, [&](size_t i) {
+      Slot& s = slots_[i];
+      const auto n = static_cast<size_t>(s.param.numel());
+      if (r != comm_->rank()) {
+        Tensor h = Tensor::empty(s.param.shape());
+        std::memcpy(h.data<float>(), all.data() + off, n * sizeof(float));
+        write_back(s.param, h);
+      }
+      off += n;
+    });
 }
 
 // §1.2 in one pass over the tensor: moments, bias correction, decoupled decay.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/comm.h"
 
 namespace myriad::train {
 
@@ -54,6 +55,30 @@ class Optimizer {
   int64_t step_count() const { return step_; }
   const OptimConfig& config() const { return cfg_; }
 
+  // Data parallel over comm's ranks (docs/DISTRIBUTED.md). Every parameter gets an owner: whole
+  // tensors, dealt largest first to the least-loaded rank, so Muon's Newton-Schulz sees a whole
+  // matrix. reduce_gradients() (after every rank's backward) sums the gradients into their
+  // owners; a parameter has a gradient when any micro-batch gave it one. The norms and clipping
+  // then use global sums. zero = true (ZeRO-1): only the owner keeps moments and updates, and
+  // step() ends with one all-gather of the updated weights; zero = false: the summed gradients
+  // are all-gathered and every rank updates every parameter. Both leave every rank with the same
+  // bits. A comm of size 1 changes nothing.
+  void distribute(dist::Comm* comm, bool zero);
+  // Deterministic accumulation: called after each micro-batch's backward, it moves the
+  // gradients aside; reduce_gradients() then adds them up on their owners in the global
+  // micro-batch order (the trainer deals micro-batches round-robin: rank q's j-th is micro-batch
+  // j * ranks + q), one all-to-all. The sums, norms and updates then have the same bits at any
+  // number of ranks, a single process included. Without it: local accumulation and one
+  // reduce-scatter (the summation order then depends on the ranks).
+  void stash_gradients();
+  void reduce_gradients();
+  // state_dict() of the whole optimizer: under ZeRO-1 the owners' moments are all-gathered (a
+  // collective every rank must call); otherwise state_dict().
+  std::map<std::string, Tensor> gathered_state_dict() const;
+  // The rank that owns parameter i (in the order given), and the owned element count per rank.
+  int owner(size_t i) const { return owner_.empty() ? 0 : owner_[i]; }
+  const std::vector<int64_t>& owned_elements() const { return owned_; }
+
  private:
   struct Slot {
     std::string name;
@@ -66,10 +91,27 @@ class Optimizer {
   };
   void adamw_update(Slot& s, double lr);
   void muon_update(Slot& s, double lr);
+  // This rank holds parameter i's summed gradient and updates it (every one unless ZeRO-1).
+  bool mine(size_t i) const { return owner_.empty() || !zero_ || owner_[i] == comm_->rank(); }
+  std::vector<double> slot_sum_squares() const;
+  void layout();
+  void pack_gradients(float* out) const;
+  void unpack_gradients(int r, const float* seg);
+  void add_segment(int r, const float* x, float* acc) const;
+  bool sharded() const { return comm_ && comm_->size() > 1; }
+  // f(slot index) for owner r's parameters, in slot order.
+  template <class F>
+  void for_owned(int r, F&& f) const;
 
   OptimConfig cfg_;
   std::vector<Slot> slots_;
   int64_t step_ = 0;
+  dist::Comm* comm_ = nullptr;
+  bool zero_ = true;
+  std::vector<int> owner_;                 // by slot; empty: single process
+  std::vector<int64_t> owned_;             // elements owned per rank
+  std::vector<size_t> seg_;                // packed-gradient segment offsets by rank (layout())
+  std::vector<std::vector<float>> stash_;  // stashed micro-batch gradients (one process: the sum)
 };
 
 // Newton-Schulz quintic orthogonalisation (§1.3 step 2) of each matrix of a host f32 [N, A, B]

@@ -29,7 +29,7 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   r.text = std::string(text);
   Section top(&root, "");
   for (const char* t :
-       {"model", "data", "optimizer", "schedule", "checkpoint", "log", "eval", "debug"})
+       {"model", "data", "optimizer", "schedule", "checkpoint", "log", "eval", "debug", "parallel"})
     top.node(t);
   top.node("stage");
   top.get("balancer", r.balancer_mode);
@@ -130,6 +130,23 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   c.get("keep_last", r.keep_last);
   c.finish();
   MYRIAD_CHECK(r.keep_last >= 1, "checkpoint.keep_last: must be at least 1");
+
+  Section pa(subtable(root, "parallel"), "parallel.");
+  pa.get("dp", r.parallel.dp);
+  pa.get("ep", r.parallel.ep);
+  pa.get("cp", r.parallel.cp);
+  pa.get("zero", r.parallel.zero);
+  pa.get("timeout_s", r.parallel.timeout_s);
+  pa.finish();
+  MYRIAD_CHECK(r.parallel.dp >= 0, "parallel.dp: must be >= 0 (0: every rank)");
+  MYRIAD_CHECK(r.parallel.ep == 1,
+               "parallel.ep: expert parallelism is not built yet (docs/DISTRIBUTED.md); use dp");
+  MYRIAD_CHECK(r.parallel.cp == 1,
+               "parallel.cp: context parallelism is not built yet (docs/DISTRIBUTED.md); use dp");
+  MYRIAD_CHECK(r.parallel.zero == 0 || r.parallel.zero == 1,
+               "parallel.zero: 0 (replicated optimizer state) or 1 (ZeRO-1), got ",
+               r.parallel.zero);
+  MYRIAD_CHECK(r.parallel.timeout_s >= 0, "parallel.timeout_s: must be >= 0 (0: the default)");
 
   Section l(subtable(root, "log"), "log.");
   l.get("every", r.log_every);

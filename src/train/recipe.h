@@ -59,6 +59,18 @@ struct EvalRecipe {
   std::string gate = "report";  // "report": record pass / fail; "stop": end the run on a fail
 };
 
+// [parallel] (docs/DISTRIBUTED.md): the layout over the ranks mpirun started. dp = 0: every rank
+// (the world size); a non-zero dp must equal it. Each optimiser step's micro-batches are dealt
+// round-robin to the dp ranks, so a step sees the same global batch at any dp (micro_batches
+// must divide by dp). zero = 1: ZeRO-1 (optimizer state sharded by parameter); 0: replicated.
+// A collective waiting longer than timeout_s ends the job with a message (unset: the
+// MYRIAD_COMM_TIMEOUT_S environment variable, else 600 s).
+struct ParallelRecipe {
+  int64_t dp = 0, ep = 1, cp = 1;
+  int64_t zero = 1;
+  double timeout_s = 0;  // 0: unset
+};
+
 struct Recipe {
   std::string text;  // the TOML source, stored in checkpoints
 
@@ -103,7 +115,10 @@ struct Recipe {
   std::string precision = "f32";
   uint64_t seed = 0;
   // Runs are always seeded (init, data order); with equal thread counts the losses repeat bit for
-  // bit. false is accepted and changes nothing yet (room for nondeterministic fast kernels).
+  // bit. true also sums each step's micro-batch gradients in micro-batch order, so a data-parallel
+  // run equals one process bit for bit (Optimizer::stash_gradients; one gradient-sized buffer
+  // more in one process, one per local micro-batch under dp). false: gradients accumulate in
+  // place and are reduce-scattered (the planner's traffic; sums round differently at each dp).
   bool deterministic = true;
 
   std::string checkpoint_dir = "checkpoints";
@@ -114,6 +129,7 @@ struct Recipe {
   bool log_jsonl = true, log_tensorboard = true, log_html = true;
 
   EvalRecipe eval;
+  ParallelRecipe parallel;
   std::vector<StageSpec> stages;
   std::vector<int64_t> poison_steps;  // [debug]: steps (1-based) whose loss is made NaN
 

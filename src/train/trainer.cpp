@@ -193,6 +193,9 @@ double Trainer::segmented_backward(const model::Decoder& dec, const Tensor& ids_
 struct Trainer::Impl {
   Recipe r;
   fs::path out;
+  dist::Comm* comm = nullptr;  // the data-parallel ranks (size 1: one process)
+  int rank = 0, ranks = 1;
+  bool setting_up = false;
   std::optional<data::Tokenizer> tok;
   std::optional<model::Decoder> dec;  // fp32 master weights (optimiser, checkpoints, hooks)
   // precision = "bf16": the bf16 working copy that runs forward and backward, refreshed from the
@@ -257,7 +260,29 @@ struct Trainer::Impl {
     return data::builtin_corpus(static_cast<size_t>(r.max_corpus_bytes));
   }
 
+  // Rank 0 builds the files (tokenizer, shards) first; the other ranks then find and load them.
   void setup() {
+    rank = comm->rank(), ranks = comm->size();
+    MYRIAD_CHECK(r.parallel.dp == 0 || r.parallel.dp == ranks, "parallel.dp = ", r.parallel.dp,
+                 " but ", ranks, " rank", ranks == 1 ? " was" : "s were",
+                 " started (mpirun -np N sets the ranks; dp = 0 takes them all)");
+    for (const StageSpec& sp : r.stages)
+      MYRIAD_CHECK(sp.micro_batches() % ranks == 0, "stage ", sp.name, ": ", sp.micro_batches(),
+                   " micro-batches per step do not divide over ", ranks,
+                   " data-parallel ranks (tokens_per_step / (batch_size * seq_len) must be a "
+                   "multiple of dp)");
+    if (ranks > 1) {
+      if (r.parallel.timeout_s > 0) comm->set_timeout(r.parallel.timeout_s);
+      quiet = quiet || rank != 0;
+      if (rank != 0) comm->barrier("setup");
+    }
+    setting_up = true;
+    build();
+    setting_up = false;
+    if (ranks > 1 && rank == 0) comm->barrier("setup");
+  }
+
+  void build() {
     fs::create_directories(out);
     const std::string tok_path = path(r.tokenizer), shard_dir = path(r.shard_dir);
     std::vector<std::string> docs;
@@ -310,14 +335,15 @@ struct Trainer::Impl {
     }
     dec->weights().requires_grad_(true);  // replaces the tensors: collect them afterwards
     opt.emplace(optimizer_params(*dec), r.optimizer);
+    opt->distribute(comm, r.parallel.zero == 1);
     if (r.precision == "bf16") shadow.emplace(*dec);
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
       if (cfg.is_moe_layer(i))
         bal.emplace(i, Balancer(cfg.myriad.balancer, cfg.num_experts, cfg.num_experts_per_token));
     use_stage_data(0);
     ckpt.emplace(path(r.checkpoint_dir), r.keep_last);
-    if (r.log_jsonl || r.log_html) report.emplace(out.string());
-    if (r.log_tensorboard) events.emplace((out / "tensorboard").string());
+    if (rank == 0 && (r.log_jsonl || r.log_html)) report.emplace(out.string());
+    if (rank == 0 && r.log_tensorboard) events.emplace((out / "tensorboard").string());
     if (r.eval.enabled)
       evaluator.emplace(r.eval, r.seed + 0x9e3779b97f4a7c15ull);  // not training's
     tty = isatty(fileno(stdout)) != 0;
@@ -352,8 +378,9 @@ struct Trainer::Impl {
   void use_stage_data(size_t i) {
     const std::string dir = stage_dir(i);
     if (dir == stream_dir) return;
-    if (r.stages[i].data_mix == "long" && !fs::exists(fs::path(dir) / "meta.json"))
+    if (r.stages[i].data_mix == "long" && rank == 0 && !fs::exists(fs::path(dir) / "meta.json"))
       build_long_mix(i, dir);
+    if (r.stages[i].data_mix == "long" && ranks > 1 && !setting_up) comm->barrier("stage_data");
     stream.emplace(dir, "train", r.seed);
     stream_dir = dir;
     if (r.corpus == "fashion_mnist") {
@@ -386,7 +413,7 @@ struct Trainer::Impl {
     TrainState s;
     s.step = step;
     s.model = dec->weights().tensors();
-    s.optimizer = opt->state_dict();
+    s.optimizer = opt->gathered_state_dict();
     for (const auto& [l, b] : bal) s.balancer[cat("layer", l, ".bias")] = dec->selection_bias(l);
     s.rng_seed = r.seed;
     s.rng_offset = static_cast<uint64_t>(step);
@@ -406,9 +433,12 @@ struct Trainer::Impl {
     return s;
   }
 
+  // Every rank takes part (the optimizer state is gathered); rank 0 writes.
   void save() {
     if (last_saved == step) return;
-    ckpt->save(state());
+    TrainState s = state();
+    if (rank == 0) ckpt->save(s);
+    if (ranks > 1) comm->barrier("checkpoint");
     last_saved = step;
   }
 
@@ -501,6 +531,7 @@ struct Trainer::Impl {
 
   void train_step(const StageSpec& sp) {
     const auto t0 = Clock::now();
+    comm->reset_stats();  // this step's collectives, logged as comm/<name>/{bytes,seconds}
     const int64_t n_micro = sp.micro_batches();
     // A poisoned step fires once, so a rollback past it does not poison it again.
     const auto pit = std::find(r.poison_steps.begin(), r.poison_steps.end(), step + 1);
@@ -508,6 +539,7 @@ struct Trainer::Impl {
     if (poison) r.poison_steps.erase(pit);
     opt->zero_grad();
     double loss_sum = 0, aux_sum = 0;
+    std::vector<double> mb_loss(static_cast<size_t>(2 * n_micro), 0.0);  // LM loss, then aux
     std::map<int64_t, model::RouteStats> sample;
     const model::Decoder& d = fw();
     const bool aux_mode = d.config().myriad.balancer.mode == "aux_loss";
@@ -517,9 +549,12 @@ struct Trainer::Impl {
     const int64_t seg = sp.segment_len > 0 && sp.segment_len < sp.seq_len ? sp.segment_len : 0;
     const int64_t L = seg ? seg : sp.seq_len;
     for (int64_t mb = 0; mb < n_micro; ++mb) {
+      // Every rank reads every micro-batch (the cursors stay equal, so a checkpoint resumes at
+      // any dp) and trains on those dealt to it, round-robin.
       const data::Batch b = images ? images->next(sp.batch_size, sp.seq_len)
                                    : stream->next(sp.batch_size, sp.seq_len,
                                                   sp.data_mix == "long" || r.corpus == "sft");
+      if (mb % ranks != rank) continue;
       const Tensor embeds =
           b.pixel_values.defined()
               ? d.encode_images(
@@ -536,7 +571,7 @@ struct Trainer::Impl {
             for (auto& [l, bl] : bal) {
               const model::RouteStats& rs = d.last_route(l);
               bl.observe(rs.scores_Nn, rs.selected_Nk, d.selection_bias(l));
-              if (mb == n_micro - 1) sample[l] = {rs.scores_Nn, rs.selected_Nk, {}};
+              if (mb + ranks >= n_micro) sample[l] = {rs.scores_Nn, rs.selected_Nk, {}};
               if (aux_mode && rs.scores_graph.defined()) {
                 const DType t = rs.scores_graph.dtype() == DType::F64 ? DType::F64 : DType::F32;
                 Tensor a = bl.aux_loss(to_dtype(rs.scores_graph, t), rs.selected_Nk, L);
@@ -552,9 +587,19 @@ struct Trainer::Impl {
       if (poison && mb == 0) scaled = ops::mul(scaled, std::numeric_limits<double>::quiet_NaN());
       scaled.backward();
       if (shadow) shadow->accumulate_grads();
+      if (r.deterministic) opt->stash_gradients();  // summed in micro-batch order at any dp
       // The logged loss is the language-model loss; the auxiliary term is logged as loss/aux.
-      loss_sum += poison ? std::numeric_limits<double>::quiet_NaN() : loss.item() - aux_mb;
-      aux_sum += aux_mb;
+      mb_loss[static_cast<size_t>(mb)] =
+          poison ? std::numeric_limits<double>::quiet_NaN() : loss.item() - aux_mb;
+      mb_loss[static_cast<size_t>(n_micro + mb)] = aux_mb;
+    }
+    opt->reduce_gradients();  // to their owners (and, deterministic, in micro-batch order)
+    // Each micro-batch's loss comes from one rank: the sum over ranks is exact, and the total is
+    // taken in micro-batch order, as one process would.
+    if (ranks > 1) comm->all_reduce_sum("dp_loss_all_reduce", mb_loss.data(), mb_loss.size());
+    for (int64_t mb = 0; mb < n_micro; ++mb) {
+      loss_sum += mb_loss[static_cast<size_t>(mb)];
+      aux_sum += mb_loss[static_cast<size_t>(n_micro + mb)];
     }
     StepStats st;
     st.step = step + 1;
@@ -565,6 +610,7 @@ struct Trainer::Impl {
     const double lr = lr_at(r.schedule, step) * sp.lr_scale;
     if (dn == Decision::Apply) opt->step(lr);
     for (auto& [l, bl] : bal) {
+      bl.all_reduce(*comm);  // the global batch's counts and histogram
       LayerRouting lr_stats;
       lr_stats.layer = l;
       lr_stats.counts = bl.counts();
@@ -621,6 +667,16 @@ struct Trainer::Impl {
       scalars["seq_len"] = static_cast<double>(sp.seq_len);
       scalars["tokens"] = static_cast<double>(tokens_at(h.step));
       scalars["decision"] = static_cast<double>(dn);
+      if (ranks > 1) {
+        double bytes = 0, seconds = 0;
+        for (const auto& [name, cs] : comm->stats()) {
+          scalars["comm/" + name + "/bytes"] = cs.bytes;
+          scalars["comm/" + name + "/seconds"] = cs.seconds;
+          bytes += cs.bytes, seconds += cs.seconds;
+        }
+        scalars["comm/bytes"] = bytes;
+        scalars["comm/seconds"] = seconds;
+      }
       log(h.step, scalars);
       for (const auto& ls : st.layers) {
         const double q = static_cast<double>(ls.tokens * ls.top_k) /
@@ -722,9 +778,11 @@ struct Trainer::Impl {
   }
 };
 
-Trainer::Trainer(Recipe recipe, std::string out_dir) : impl_(std::make_unique<Impl>()) {
+Trainer::Trainer(Recipe recipe, std::string out_dir, dist::Comm* comm)
+    : impl_(std::make_unique<Impl>()) {
   impl_->r = std::move(recipe);
   impl_->out = out_dir;
+  impl_->comm = comm ? comm : &dist::world();
   impl_->setup();
 }
 Trainer::~Trainer() = default;
@@ -739,7 +797,9 @@ void Trainer::run(bool resume) {
   StopSignal sig;
   const int64_t total = m.r.total_steps();
   while (m.step < total) {
-    if (sig.requested() || (m.stop_at >= 0 && m.step >= m.stop_at)) {
+    double stop = sig.requested() ? 1 : 0;  // a signal that reached any rank stops them all
+    if (m.ranks > 1) m.comm->all_reduce_sum("stop_signal", &stop, 1);
+    if (stop > 0 || (m.stop_at >= 0 && m.step >= m.stop_at)) {
       m.save();
       if (m.report && m.r.log_html) m.report->write_html();
       if (!m.quiet)
@@ -775,7 +835,7 @@ void Trainer::stop_after(int64_t step) {
   impl_->stop_at = step;
 }
 void Trainer::set_quiet(bool quiet) {
-  impl_->quiet = quiet;
+  impl_->quiet = quiet || impl_->rank != 0;
 }
 const std::vector<StepRecord>& Trainer::history() const {
   return impl_->hist;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "data/tokenizer.h"
+#include "dist/comm.h"
 #include "model/decoder.h"
 #include "train/evals.h"
 #include "train/monitor.h"
@@ -53,8 +54,10 @@ struct StageEnd {
 
 class Trainer {
  public:
-  // out_dir holds the tokenizer, shards, checkpoints and logs (relative recipe paths).
-  Trainer(Recipe recipe, std::string out_dir);
+  // out_dir holds the tokenizer, shards, checkpoints and logs (relative recipe paths). comm: the
+  // ranks to train over (null: dist::world(), every rank mpirun started). Every rank must use the
+  // same recipe and out_dir (a shared folder); rank 0 writes the files, logs and prints.
+  Trainer(Recipe recipe, std::string out_dir, dist::Comm* comm = nullptr);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -779,10 +779,31 @@ TEST(Recipe, ErrorsNameTheKey) {
   EXPECT_NE(err("[model]\npreset = \"nope\"\n" + stage).find("model"), std::string::npos);
   EXPECT_NE(err(model + "[model.overrides]\nhidden_size = -3\n" + stage).find("model"),
             std::string::npos);
+  // [parallel]: what is not built is refused by name; the defaults take every rank, ZeRO-1.
+  EXPECT_NE(err(model + "[parallel]\nep = 2\n" + stage).find("parallel.ep"), std::string::npos);
+  EXPECT_NE(err(model + "[parallel]\ncp = 4\n" + stage).find("parallel.cp"), std::string::npos);
+  EXPECT_NE(err(model + "[parallel]\nzero = 2\n" + stage).find("parallel.zero"), std::string::npos);
+  EXPECT_NE(err(model + "[parallel]\npp = 2\n" + stage).find("parallel.pp"), std::string::npos);
   const Recipe r = Recipe::parse(model + stage + stage);
+  EXPECT_EQ(r.parallel.dp, 0);
+  EXPECT_EQ(r.parallel.zero, 1);
   EXPECT_EQ(r.total_steps(), 4);
   EXPECT_EQ(r.stages[1].name, "stage1");
   EXPECT_EQ(r.stages[0].batch_size * r.stages[0].seq_len * r.stages[0].micro_batches(), 128);
+}
+
+// One process asked for two data-parallel ranks, or for a step that does not divide: refused
+// before any training, with the reason.
+TEST(Trainer, ParallelLayoutMustFitTheRanks) {
+  OneThread one_thread;
+  try {
+    Trainer t(Recipe::parse(micro_recipe(2, "") + "[parallel]\ndp = 2\n"), temp_dir().string());
+    FAIL() << "dp = 2 in one process was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.dp = 2 but 1 rank was started"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Recipe, TinyCpuRecipeParses) {
