@@ -170,6 +170,74 @@ std::vector<std::string> CheckpointManager::list() const {
   return out;
 }
 
+namespace {
+// A data-parallel rank's share of the optimizer state.
+std::string part_name(int rank, int ranks) {
+  char b[64];
+  std::snprintf(b, sizeof b, "optimizer-%05d-of-%05d.safetensors", rank, ranks);
+  return b;
+}
+bool is_part(const std::string& f) {
+  return f.rfind("optimizer-", 0) == 0 && f.size() > 12 &&
+         f.compare(f.size() - 12, 12, ".safetensors") == 0;
+}
+}  // namespace
+
+// Writes everything but the parts into `tmp`, lists the parts (already written there) in
+// state.json, and commits the step dir.
+void CheckpointManager::write_step(
+    const fs::path& tmp, const TrainState& s,
+    const std::map<std::string, std::pair<uint64_t, uint32_t>>& parts) {
+  const fs::path dir(dir_), final = dir / step_name(s.step);
+  // Each writer fsyncs its file and the temp dir.
+  safetensors::save((tmp / kModel).string(), s.model, {{"format", "pt"}});
+  std::map<std::string, Tensor> ts;
+  for (const auto& [k, t] : s.optimizer) ts.emplace(kOptPrefix + k, t);
+  for (const auto& [k, t] : s.balancer) ts.emplace(kBalPrefix + k, t);
+  safetensors::save((tmp / kTrain).string(), ts, {{"format", kFormat}});
+  std::vector<std::string> names = {kModel, kTrain};
+  if (s.extra.is_object() && s.extra.contains("config")) {
+    const auto& c = s.extra["config"];
+    io::write_file_atomic((tmp / kConfig).string(),
+                          c.is_string() ? c.get<std::string>() : c.dump(2) + "\n");
+    names.push_back(kConfig);
+  }
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& f : names) {
+    FileSum sum = sum_file(tmp / f);
+    files[f] = {{"bytes", sum.bytes}, {"crc32", hex32(sum.crc)}};
+  }
+  for (const auto& [f, sum] : parts)
+    files[f] = {{"bytes", sum.first}, {"crc32", hex32(sum.second)}};
+  // Only strings and integers, so the checksum over the re-dumped JSON is exact on reload.
+  nlohmann::json st = {{"format", kFormat},
+                       {"version", kFormatVersion},
+                       {"files", files},
+                       {"state",
+                        {{"step", s.step},
+                         {"rng_seed", s.rng_seed},
+                         {"rng_offset", s.rng_offset},
+                         {"data_cursor", s.data_cursor},
+                         {"recipe", s.recipe},
+                         {"extra", s.extra.dump()}}}};
+  st["checksum"] = "crc32:" + hex32(crc_of(st.dump()));
+  io::write_file_atomic((tmp / kState).string(), st.dump(2) + "\n");
+  fsync_dir(tmp);
+  commit_dir(tmp, final);
+  fsync_dir(dir);
+}
+
+void CheckpointManager::point_latest(int64_t step) {
+  try {
+    io::write_file_atomic((fs::path(dir_) / kLatest).string(), step_name(step) + "\n");
+  } catch (const std::exception& e) {
+    throw Error(cat("checkpoint: step ", step, " was written to ",
+                    (fs::path(dir_) / step_name(step)).string(), " but updating '", kLatest,
+                    "' failed: ", e.what()));
+  }
+  prune(step);
+}
+
 std::string CheckpointManager::save(const TrainState& s) {
   MYRIAD_CHECK(s.step >= 0, "checkpoint save: negative step ", s.step);
   remove_debris();  // only the writer cleans: a reader must not delete a live save's temp dir
@@ -180,53 +248,87 @@ std::string CheckpointManager::save(const TrainState& s) {
     std::error_code ec;
     MYRIAD_CHECK(fs::create_directory(tmp, ec), tmp.string(),
                  ": cannot create directory: ", ec.message());
-    // Each writer fsyncs its file and the temp dir.
-    safetensors::save((tmp / kModel).string(), s.model, {{"format", "pt"}});
-    std::map<std::string, Tensor> ts;
-    for (const auto& [k, t] : s.optimizer) ts.emplace(kOptPrefix + k, t);
-    for (const auto& [k, t] : s.balancer) ts.emplace(kBalPrefix + k, t);
-    safetensors::save((tmp / kTrain).string(), ts, {{"format", kFormat}});
-    std::vector<std::string> names = {kModel, kTrain};
-    if (s.extra.is_object() && s.extra.contains("config")) {
-      const auto& c = s.extra["config"];
-      io::write_file_atomic((tmp / kConfig).string(),
-                            c.is_string() ? c.get<std::string>() : c.dump(2) + "\n");
-      names.push_back(kConfig);
-    }
-    nlohmann::json files = nlohmann::json::object();
-    for (const auto& f : names) {
-      FileSum sum = sum_file(tmp / f);
-      files[f] = {{"bytes", sum.bytes}, {"crc32", hex32(sum.crc)}};
-    }
-    // Only strings and integers, so the checksum over the re-dumped JSON is exact on reload.
-    nlohmann::json st = {{"format", kFormat},
-                         {"version", kFormatVersion},
-                         {"files", files},
-                         {"state",
-                          {{"step", s.step},
-                           {"rng_seed", s.rng_seed},
-                           {"rng_offset", s.rng_offset},
-                           {"data_cursor", s.data_cursor},
-                           {"recipe", s.recipe},
-                           {"extra", s.extra.dump()}}}};
-    st["checksum"] = "crc32:" + hex32(crc_of(st.dump()));
-    io::write_file_atomic((tmp / kState).string(), st.dump(2) + "\n");
-    fsync_dir(tmp);
-    commit_dir(tmp, final);
-    fsync_dir(dir);
+    write_step(tmp, s, {});
   } catch (const std::exception& e) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
     throw Error(cat("checkpoint: saving step ", s.step, " to ", dir_, " failed: ", e.what(),
                     " (earlier checkpoints and '", kLatest, "' are untouched)"));
   }
-  try {
-    io::write_file_atomic((dir / kLatest).string(), step_name(s.step) + "\n");
-  } catch (const std::exception& e) {
-    throw Error(cat("checkpoint: step ", s.step, " was written to ", final.string(),
-                    " but updating '", kLatest, "' failed: ", e.what()));
+  point_latest(s.step);
+  return final.string();
+}
+
+std::string CheckpointManager::save(const TrainState& s, dist::Comm& comm,
+                                    const std::map<std::string, Tensor>& part) {
+  const int rank = comm.rank(), ranks = comm.size();
+  const fs::path dir(dir_), final = dir / step_name(s.step);
+  // Rank 0 makes the temp dir and names it to the others; an empty name means it failed.
+  char name[4096] = {};
+  std::string why;
+  if (rank == 0) {
+    try {
+      MYRIAD_CHECK(s.step >= 0, "checkpoint save: negative step ", s.step);
+      remove_debris();
+      fs::path tmp = final;
+      tmp += ".tmp-" + unique_suffix();
+      std::error_code ec;
+      MYRIAD_CHECK(fs::create_directory(tmp, ec), tmp.string(),
+                   ": cannot create directory: ", ec.message());
+      MYRIAD_CHECK(tmp.string().size() < sizeof name, tmp.string(), ": path too long");
+      std::strncpy(name, tmp.c_str(), sizeof name - 1);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
   }
-  prune(s.step);
+  comm.broadcast("checkpoint_dir", name, sizeof name, 0);
+  const fs::path tmp = name;
+  auto fail = [&](const std::string& what) {
+    if (rank == 0 && !tmp.empty()) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    throw Error(cat("checkpoint: saving step ", s.step, " to ", dir_, " failed: ", what,
+                    " (earlier checkpoints and '", kLatest, "' are untouched)"));
+  };
+  if (tmp.empty()) fail(rank == 0 ? why : "rank 0 could not create the step dir");
+  // Every rank writes and sums its part where it is written.
+  struct Sum {
+    int64_t ok = 0;
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+  } mine;
+  try {
+    std::map<std::string, Tensor> ts;
+    for (const auto& [k, t] : part) ts.emplace(kOptPrefix + k, t);
+    const fs::path f = tmp / part_name(rank, ranks);
+    safetensors::save(f.string(), ts, {{"format", kFormat}});
+    const FileSum fsum = sum_file(f);
+    mine = {1, fsum.bytes, fsum.crc};
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "checkpoint: rank %d: %s\n", rank, e.what());
+  }
+  std::vector<Sum> sums(static_cast<size_t>(ranks));
+  comm.all_gather("checkpoint_parts", &mine, sums.data(),
+                  std::vector<size_t>(static_cast<size_t>(ranks), sizeof(Sum)));
+  for (int r = 0; r < ranks; ++r)
+    if (!sums[static_cast<size_t>(r)].ok) fail(cat("rank ", r, " could not write its part"));
+  int64_t ok = 1;
+  if (rank == 0) {
+    std::map<std::string, std::pair<uint64_t, uint32_t>> parts;
+    for (int r = 0; r < ranks; ++r)
+      parts[part_name(r, ranks)] = {sums[static_cast<size_t>(r)].bytes,
+                                    sums[static_cast<size_t>(r)].crc};
+    try {
+      write_step(tmp, s, parts);
+    } catch (const std::exception& e) {
+      why = e.what();
+      ok = 0;
+    }
+  }
+  comm.broadcast("checkpoint_commit", &ok, sizeof ok, 0);
+  if (!ok) fail(rank == 0 ? why : "rank 0 could not commit the step dir");
+  if (rank == 0) point_latest(s.step);
   return final.string();
 }
 
@@ -303,15 +405,24 @@ TrainState CheckpointManager::load(const std::string& step_dir) const {
 
   auto m = safetensors::SafetensorsFile::open((p / kModel).string());
   for (const auto& n : m.names()) s.model.emplace(n, m.load(n));
-  auto t = safetensors::SafetensorsFile::open((p / kTrain).string());
   const std::string opt = kOptPrefix, bal = kBalPrefix;
-  for (const auto& n : t.names()) {
-    if (n.rfind(opt, 0) == 0)
-      s.optimizer.emplace(n.substr(opt.size()), t.load(n));
-    else if (n.rfind(bal, 0) == 0)
-      s.balancer.emplace(n.substr(bal.size()), t.load(n));
-    else
-      throw Error(cat(where, ": ", kTrain, " holds an unexpected tensor '", n, "'"));
+  // train_state.safetensors, then the data-parallel ranks' optimizer parts (any number: the
+  // state is keyed by parameter name, so it loads at any rank count).
+  std::vector<std::string> sources = {kTrain};
+  for (const auto& [f, info] : st.at("files").items())
+    if (is_part(f)) sources.push_back(f);
+  for (const std::string& src : sources) {
+    auto t = safetensors::SafetensorsFile::open((p / src).string());
+    for (const auto& n : t.names()) {
+      if (n.rfind(opt, 0) == 0) {
+        MYRIAD_CHECK(s.optimizer.emplace(n.substr(opt.size()), t.load(n)).second, where, ": ", src,
+                     " repeats the optimizer tensor '", n, "'");
+      } else if (n.rfind(bal, 0) == 0 && src == kTrain) {
+        s.balancer.emplace(n.substr(bal.size()), t.load(n));
+      } else {
+        throw Error(cat(where, ": ", src, " holds an unexpected tensor '", n, "'"));
+      }
+    }
   }
   return s;
 }

@@ -2,6 +2,8 @@
 // Layout of `dir`:
 //   step-000000123/model.safetensors        HF names; with config.json, Decoder::load reads it
 //   step-000000123/train_state.safetensors  "optimizer/<name>" and "balancer/<name>" tensors
+//   step-000000123/optimizer-00001-of-00004.safetensors  data-parallel (ZeRO-1) saves: each
+//                                           rank's "optimizer/<name>" tensors, written by it
 //   step-000000123/config.json              when extra["config"] is given
 //   step-000000123/state.json               step, RNG, data cursor, recipe, extra, the size and
 //                                           CRC-32 of every other file, and its own checksum
@@ -14,6 +16,7 @@
 // removed by the next save. One writer per directory; readers (e.g. an eval process) may share it.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/comm.h"
 
 namespace myriad::train {
 
@@ -48,6 +52,14 @@ class CheckpointManager {
   // dirs up to this step. Returns the step dir's path. Tensors may live
   // on any device; they are copied to the host.
   std::string save(const TrainState& s);
+  // Data-parallel save (ZeRO-1): every rank of comm calls it for the same step. Rank 0's `s`
+  // holds everything but the sharded optimizer state; each rank writes its `part` (the moments
+  // of the parameters it owns) as optimizer-<rank>-of-<ranks>.safetensors into the one temp
+  // dir and sums it there; rank 0 lists every part in state.json and commits as save() does.
+  // A failure on any rank leaves earlier checkpoints untouched and raises on every rank.
+  // load() merges the parts, so a checkpoint resumes at any rank count.
+  std::string save(const TrainState& s, dist::Comm& comm,
+                   const std::map<std::string, Tensor>& part);
   // The checkpoint `latest` names (or the newest step dir when there is no `latest`); nullopt
   // when the directory holds none. A corrupt one raises an error naming the file and the
   // mismatch; with fall_back, the error is reported on stderr and older step dirs are tried.
@@ -62,6 +74,9 @@ class CheckpointManager {
 
  private:
   void remove_debris() const;
+  void write_step(const std::filesystem::path& tmp, const TrainState& s,
+                  const std::map<std::string, std::pair<uint64_t, uint32_t>>& parts);
+  void point_latest(int64_t step);
   void prune(int64_t saved_step) const;
   std::string dir_;
   int keep_last_;

@@ -340,6 +340,15 @@ void Optimizer::reduce_gradients() {
   for (int r = 0; r < W; ++r) unpack_gradients(r, full.data() + seg_[static_cast<size_t>(r)]);
 }
 
+std::map<std::string, Tensor> Optimizer::owned_state_dict() const {
+  std::map<std::string, Tensor> sd = state_dict();
+  if (!sharded()) return sd;
+  if (comm_->rank() != 0) sd.erase("step");
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (!mine(i)) sd.erase(slots_[i].name + ".step");
+  return sd;
+}
+
 std::map<std::string, Tensor> Optimizer::gathered_state_dict() const {
   if (!sharded() || !zero_) return state_dict();
   const int W = comm_->size();

@@ -75,6 +75,9 @@ class Optimizer {
   // state_dict() of the whole optimizer: under ZeRO-1 the owners' moments are all-gathered (a
   // collective every rank must call); otherwise state_dict().
   std::map<std::string, Tensor> gathered_state_dict() const;
+  // ZeRO-1: the state_dict() entries of the parameters this rank owns ("step" on rank 0 only),
+  // the part a data-parallel checkpoint stores per rank.
+  std::map<std::string, Tensor> owned_state_dict() const;
   // The rank that owns parameter i (in the order given), and the owned element count per rank.
   int owner(size_t i) const { return owner_.empty() ? 0 : owner_[i]; }
   const std::vector<int64_t>& owned_elements() const { return owned_; }

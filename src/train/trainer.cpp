@@ -409,11 +409,12 @@ struct Trainer::Impl {
     return end;
   }
 
-  TrainState state() const {
+  // with_optimizer = false: without the optimizer state (a ZeRO-1 save writes it per rank).
+  TrainState state(bool with_optimizer = true) const {
     TrainState s;
     s.step = step;
     s.model = dec->weights().tensors();
-    s.optimizer = opt->gathered_state_dict();
+    if (with_optimizer) s.optimizer = opt->gathered_state_dict();
     for (const auto& [l, b] : bal) s.balancer[cat("layer", l, ".bias")] = dec->selection_bias(l);
     s.rng_seed = r.seed;
     s.rng_offset = static_cast<uint64_t>(step);
@@ -433,12 +434,17 @@ struct Trainer::Impl {
     return s;
   }
 
-  // Every rank takes part (the optimizer state is gathered); rank 0 writes.
+  // Every rank takes part. ZeRO-1: each rank writes the optimizer state it owns, rank 0 the
+  // rest (CheckpointManager's data-parallel save); otherwise rank 0 writes it all.
   void save() {
     if (last_saved == step) return;
-    TrainState s = state();
-    if (rank == 0) ckpt->save(s);
-    if (ranks > 1) comm->barrier("checkpoint");
+    if (ranks > 1 && r.parallel.zero == 1) {
+      ckpt->save(state(false), *comm, opt->owned_state_dict());
+    } else {
+      const TrainState s = state();
+      if (rank == 0) ckpt->save(s);
+      if (ranks > 1) comm->barrier("checkpoint");
+    }
     last_saved = step;
   }
 

@@ -228,6 +228,12 @@ TEST(DataParallel, BitwiseEqualToOneProcess) {
       const auto c = compare_checkpoints(dp_dir, one_dir);
       d.insert(d.end(), c.begin(), c.end());
       if (dp.history.size() != 6) d.push_back(cat("ran ", dp.history.size(), " steps, not 6"));
+      // ZeRO-1 checkpoints hold one optimizer part per rank, written by that rank.
+      int parts = 0;
+      for (const auto& e : fs::directory_iterator(dp_dir / "checkpoints" / "step-000000006"))
+        parts += e.path().filename().string().rfind("optimizer-", 0) == 0;
+      const int want = zero[7] == '1' && world().size() > 1 ? world().size() : 0;
+      if (parts != want) d.push_back(cat(parts, " optimizer parts, expected ", want));
     }
     world().barrier("compare");
     SCOPED_TRACE(cat(zero, ", ", world().size(), " ranks"));
