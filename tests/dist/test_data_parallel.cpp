@@ -76,7 +76,8 @@ fs::path test_dir(const std::string& tag) {
 }
 
 // Two stages; every step has 8 micro-batches (so 1, 2 and 4 ranks share them evenly); the second
-// stage runs its sequences in segments carrying the decode state. A quantile-balanced MoE layer.
+// stage reads a long-context mix (built by rank 0 when the stage starts) and runs its sequences
+// in segments carrying the decode state. A quantile-balanced MoE layer.
 std::string recipe(int64_t steps1, int64_t steps2, const std::string& top = "",
                    const std::string& parallel = "") {
   const fs::path data = job_dir() / "data";
@@ -129,12 +130,13 @@ batch_size = 2
                          : cat(R"(
 [[stage]]
 name = "long"
-seq_len = 64
+seq_len = 256
 steps = )",
                                steps2, R"(
-tokens_per_step = 512
+tokens_per_step = 2048
 batch_size = 1
-segment_len = 32
+segment_len = 128
+data_mix = "long"
 )"));
 }
 
