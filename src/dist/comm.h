@@ -50,6 +50,10 @@ class Comm {
   void all_to_all(const char* name, const void* send, const std::vector<size_t>& send_bytes,
                   void* recv, const std::vector<size_t>& recv_bytes);
   void broadcast(const char* name, void* data, size_t bytes, int root);
+  // Point to point (context parallel: a chunk's carried state to the next rank, its gradient
+  // back): blocking; `bytes` must match on both sides.
+  void send(const char* name, const void* data, size_t bytes, int dest);
+  void recv(const char* name, void* data, size_t bytes, int src);
   void barrier(const char* name);
   // The ranks that pass the same color >= 0 form a new communicator, ordered by key then rank;
   // color < 0 gets null. A collective over this communicator.
@@ -73,6 +77,8 @@ class Comm {
   virtual void do_all_to_all(const void* send, const std::vector<size_t>& send_bytes, void* recv,
                              const std::vector<size_t>& recv_bytes) = 0;
   virtual void do_broadcast(void* data, size_t bytes, int root) = 0;
+  virtual void do_send(const void* data, size_t bytes, int dest) = 0;
+  virtual void do_recv(void* data, size_t bytes, int src) = 0;
   virtual void do_barrier() = 0;
 
  private:

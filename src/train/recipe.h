@@ -59,12 +59,14 @@ struct EvalRecipe {
   std::string gate = "report";  // "report": record pass / fail; "stop": end the run on a fail
 };
 
-// [parallel] (docs/DISTRIBUTED.md): the layout over the ranks mpirun started. dp = 0: every rank
-// (the world size); a non-zero dp must equal it. Each optimiser step's micro-batches are dealt
-// round-robin to the dp ranks, so a step sees the same global batch at any dp (micro_batches
-// must divide by dp). zero = 1: ZeRO-1 (optimizer state sharded by parameter); 0: replicated.
-// A collective waiting longer than timeout_s ends the job with a message (unset: the
-// MYRIAD_COMM_TIMEOUT_S environment variable, else 600 s).
+// [parallel] (docs/DISTRIBUTED.md): the layout over the ranks mpirun started, dp x cp of them.
+// dp = 0: world size / cp; a non-zero dp must equal it. Each optimiser step's micro-batches are
+// dealt round-robin to the dp groups, so a step sees the same global batch at any dp
+// (micro_batches must divide by dp). cp > 1: each sequence is split into cp chunks, one per rank
+// of a group, with the decode state passed rank to rank (segment_len must be 0 or seq_len / cp).
+// zero = 1: ZeRO-1 (optimizer state sharded by parameter); 0: replicated. A collective waiting
+// longer than timeout_s ends the job with a message (unset: the MYRIAD_COMM_TIMEOUT_S environment
+// variable, else 600 s).
 struct ParallelRecipe {
   int64_t dp = 0, ep = 1, cp = 1;
   int64_t zero = 1;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -59,6 +60,57 @@ Tensor to_dtype(const Tensor& x, DType t) {
   const DType src = x.dtype();
   record("to_dtype", out, {x},
          [src](const Tensor& g) -> std::vector<Tensor> { return {g.to(src)}; });
+  return out;
+}
+// Context parallel: a chunk's carried state (or its gradient) to the neighbouring rank. A header
+// per tensor (defined, dtype, rank, up to 4 sizes), then the bytes; both sides list the same
+// cache fields, so the header's length is known to the receiver.
+constexpr size_t kHead = 7;
+void send_tensors(dist::Comm& c, const std::vector<Tensor>& ts, int dest) {
+  std::vector<int64_t> head(kHead * ts.size(), 0);
+  std::vector<Tensor> host(ts.size());
+  size_t bytes = 0;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (!ts[i].defined()) continue;
+    MYRIAD_CHECK(ts[i].dim() <= 4, "context parallel: a state tensor of rank ", ts[i].dim());
+    host[i] = ts[i].detach().to(kCPU).contiguous();
+    head[kHead * i] = 1;
+    head[kHead * i + 1] = static_cast<int64_t>(host[i].dtype());
+    head[kHead * i + 2] = host[i].dim();
+    for (int64_t d = 0; d < host[i].dim(); ++d) head[kHead * i + 3 + d] = host[i].size(d);
+    bytes += host[i].nbytes();
+  }
+  std::vector<char> data(bytes);
+  size_t off = 0;
+  for (const Tensor& t : host)
+    if (t.defined()) {
+      std::memcpy(data.data() + off, t.data_ptr(), t.nbytes());
+      off += t.nbytes();
+    }
+  c.send("cp_state_header", head.data(), head.size() * sizeof(int64_t), dest);
+  c.send("cp_state", data.data(), data.size(), dest);
+}
+
+std::vector<Tensor> recv_tensors(dist::Comm& c, size_t n, int src) {
+  std::vector<int64_t> head(kHead * n);
+  c.recv("cp_state_header", head.data(), head.size() * sizeof(int64_t), src);
+  std::vector<Tensor> out(n);
+  size_t bytes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!head[kHead * i]) continue;
+    Shape shape(head.begin() + static_cast<std::ptrdiff_t>(kHead * i + 3),
+                head.begin() + static_cast<std::ptrdiff_t>(kHead * i + 3 + head[kHead * i + 2]));
+    out[i] = Tensor::empty(shape, static_cast<DType>(head[kHead * i + 1]));
+    bytes += out[i].nbytes();
+  }
+  std::vector<char> data(bytes);
+  c.recv("cp_state", data.data(), data.size(), src);
+  size_t off = 0;
+  for (Tensor& t : out)
+    if (t.defined()) {
+      std::memcpy(t.data_ptr(), data.data() + off, t.nbytes());
+      off += t.nbytes();
+    }
   return out;
 }
 }  // namespace
@@ -195,6 +247,10 @@ struct Trainer::Impl {
   fs::path out;
   dist::Comm* comm = nullptr;  // the data-parallel ranks (size 1: one process)
   int rank = 0, ranks = 1;
+  // Context parallel: ranks = dps x cp; rank = dp_rank * cp + cp_rank; cp_comm holds the cp
+  // ranks of one sequence, in chunk order.
+  int cp = 1, dps = 1, dp_rank = 0, cp_rank = 0;
+  std::unique_ptr<dist::Comm> cp_comm;
   bool setting_up = false;
   std::optional<data::Tokenizer> tok;
   std::optional<model::Decoder> dec;  // fp32 master weights (optimiser, checkpoints, hooks)
@@ -263,14 +319,26 @@ struct Trainer::Impl {
   // Rank 0 builds the files (tokenizer, shards) first; the other ranks then find and load them.
   void setup() {
     rank = comm->rank(), ranks = comm->size();
-    MYRIAD_CHECK(r.parallel.dp == 0 || r.parallel.dp == ranks, "parallel.dp = ", r.parallel.dp,
-                 " but ", ranks, " rank", ranks == 1 ? " was" : "s were",
-                 " started (mpirun -np N sets the ranks; dp = 0 takes them all)");
-    for (const StageSpec& sp : r.stages)
-      MYRIAD_CHECK(sp.micro_batches() % ranks == 0, "stage ", sp.name, ": ", sp.micro_batches(),
-                   " micro-batches per step do not divide over ", ranks,
+    cp = static_cast<int>(r.parallel.cp);
+    MYRIAD_CHECK(ranks % cp == 0, "parallel.cp = ", cp, " does not divide the ", ranks,
+                 " ranks started");
+    dps = ranks / cp, dp_rank = rank / cp, cp_rank = rank % cp;
+    MYRIAD_CHECK(r.parallel.dp == 0 || r.parallel.dp == dps, "parallel.dp = ", r.parallel.dp,
+                 " but ", ranks, " rank", ranks == 1 ? " was" : "s were", " started with cp = ", cp,
+                 " (mpirun -np N sets the ranks; dp = 0 takes them all)");
+    for (const StageSpec& sp : r.stages) {
+      MYRIAD_CHECK(sp.micro_batches() % dps == 0, "stage ", sp.name, ": ", sp.micro_batches(),
+                   " micro-batches per step do not divide over ", dps,
                    " data-parallel ranks (tokens_per_step / (batch_size * seq_len) must be a "
                    "multiple of dp)");
+      MYRIAD_CHECK(cp == 1 || (sp.seq_len % cp == 0 &&
+                               (sp.segment_len == 0 || sp.segment_len == sp.seq_len / cp)),
+                   "stage ", sp.name, ": context parallel splits seq_len ", sp.seq_len, " into ",
+                   cp, " chunks; segment_len must be 0 or seq_len / cp");
+    }
+    MYRIAD_CHECK(cp == 1 || r.corpus != "fashion_mnist",
+                 "parallel.cp: image rows train in one pass, not context parallel");
+    if (cp > 1) cp_comm = comm->split(dp_rank, cp_rank);
     if (ranks > 1) {
       if (r.parallel.timeout_s > 0) comm->set_timeout(r.parallel.timeout_s);
       quiet = quiet || rank != 0;
@@ -535,6 +603,80 @@ struct Trainer::Impl {
     std::fflush(stdout);
   }
 
+  // Context parallel: this rank's chunk of the micro-batch's sequences. The decode state comes in
+  // from the rank before (forward) and goes out to the rank after; its gradient comes back from
+  // the rank after and goes to the rank before (backward): segmented_backward's exchange, across
+  // processes. Returns this chunk's share of the micro-batch loss, with sequence_loss's weights
+  // (L / T, or the chunk's share of the counted weight).
+  double cp_backward(const model::Decoder& d, const data::Batch& b, const StageSpec& sp,
+                     double scale, const std::function<Tensor()>& after_forward) {
+    const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1), L = T / cp;
+    const int64_t D = d.config().hidden_size, c = cp_rank;
+    const auto chunk = [&](const Tensor& t) {
+      return ops::contiguous(ops::slice(t, 1, c * L, (c + 1) * L));
+    };
+    double share = static_cast<double>(L) / static_cast<double>(T);
+    if (b.loss_weights.defined()) {
+      const std::vector<double> w = b.loss_weights.to_doubles();
+      const std::vector<int64_t> y = b.labels.to_ints();
+      double mine = 0, all = 0;
+      for (int64_t i = 0; i < B * T; ++i)
+        if (y[static_cast<size_t>(i)] != ops::kIgnoreIndex) {
+          all += w[static_cast<size_t>(i)];
+          if ((i % T) / L == c) mine += w[static_cast<size_t>(i)];
+        }
+      share = all > 0 ? mine / all : 0.0;
+    }
+    const bool carry_grad = !sp.detach_state;
+    model::DecodeCache cache = d.new_cache();
+    std::vector<Tensor> leaves;
+    if (c > 0) {
+      const std::vector<Tensor*> in = cache_tensors(cache);
+      std::vector<Tensor> got = recv_tensors(*cp_comm, in.size(), static_cast<int>(c - 1));
+      for (size_t k = 0; k < in.size(); ++k) {
+        if (got[k].defined() && carry_grad) got[k].requires_grad_();
+        *in[k] = got[k];
+        leaves.push_back(got[k]);
+      }
+      cache.position = c * L;
+      for (auto& m : cache.mla)
+        if (m.latent_sum_BR.defined()) m.count = c * L;
+    }
+    const model::ForwardOutput f =
+        d.forward(chunk(b.input_ids), &cache, {.logits = false, .recompute = sp.recompute});
+    const Tensor extra = after_forward ? after_forward() : Tensor();
+    const Tensor& head = d.weights().get(
+        d.weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
+    const Tensor wy =
+        b.loss_weights.defined() ? ops::reshape(chunk(b.loss_weights), {B * L}) : Tensor();
+    Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * L, D}), head,
+                                            ops::reshape(chunk(b.labels), {B * L}), 1024, wy);
+    if (f.admission_loss.defined()) loss = ops::add(loss, f.admission_loss);
+    if (extra.defined()) loss = ops::add(loss, to_dtype(extra, loss.dtype()));
+    loss = ops::mul(loss, share);
+    const std::vector<Tensor*> out = cache_tensors(cache);
+    Tensor obj = ops::mul(loss, scale);
+    if (c + 1 < cp) {
+      std::vector<Tensor> state;
+      for (Tensor* t : out) state.push_back(*t);
+      send_tensors(*cp_comm, state, static_cast<int>(c + 1));
+      if (carry_grad) {
+        const std::vector<Tensor> g = recv_tensors(*cp_comm, out.size(), static_cast<int>(c + 1));
+        for (size_t k = 0; k < out.size(); ++k)
+          if (g[k].defined() && out[k]->defined() && out[k]->requires_grad())
+            obj = ops::add(obj, ops::sum(ops::mul(*out[k], g[k].to(out[k]->dtype()))));
+      }
+    }
+    obj.backward();
+    if (c > 0 && carry_grad) {
+      std::vector<Tensor> g(leaves.size());
+      for (size_t k = 0; k < leaves.size(); ++k)
+        if (leaves[k].defined() && leaves[k].grad().defined()) g[k] = leaves[k].grad();
+      send_tensors(*cp_comm, g, static_cast<int>(c - 1));
+    }
+    return loss.item();
+  }
+
   void train_step(const StageSpec& sp) {
     const auto t0 = Clock::now();
     comm->reset_stats();  // this step's collectives, logged as comm/<name>/{bytes,seconds}
@@ -553,14 +695,14 @@ struct Trainer::Impl {
                  ": recompute = true cannot be combined with the aux_loss balancer (the auxiliary "
                  "loss needs the router's graph after the forward)");
     const int64_t seg = sp.segment_len > 0 && sp.segment_len < sp.seq_len ? sp.segment_len : 0;
-    const int64_t L = seg ? seg : sp.seq_len;
+    const int64_t L = cp > 1 ? sp.seq_len / cp : seg ? seg : sp.seq_len;
     for (int64_t mb = 0; mb < n_micro; ++mb) {
       // Every rank reads every micro-batch (the cursors stay equal, so a checkpoint resumes at
       // any dp) and trains on those dealt to it, round-robin.
       const data::Batch b = images ? images->next(sp.batch_size, sp.seq_len)
                                    : stream->next(sp.batch_size, sp.seq_len,
                                                   sp.data_mix == "long" || r.corpus == "sft");
-      if (mb % ranks != rank) continue;
+      if (mb % dps != dp_rank) continue;
       const Tensor embeds =
           b.pixel_values.defined()
               ? d.encode_images(
@@ -570,38 +712,43 @@ struct Trainer::Impl {
       double aux_mb = 0;
       // The balancers see every segment's routing; in aux_loss mode each MoE layer adds its
       // α n Σ f_j P_j term (per sequence of the segment with aux_scope = "sequence").
-      Tensor loss = sequence_loss(
-          d, b.input_ids, b.labels, sp.segment_len, sp.detach_state,
-          [&]() -> Tensor {
-            Tensor aux;
-            for (auto& [l, bl] : bal) {
-              const model::RouteStats& rs = d.last_route(l);
-              bl.observe(rs.scores_Nn, rs.selected_Nk, d.selection_bias(l));
-              if (mb + ranks >= n_micro) sample[l] = {rs.scores_Nn, rs.selected_Nk, {}};
-              if (aux_mode && rs.scores_graph.defined()) {
-                const DType t = rs.scores_graph.dtype() == DType::F64 ? DType::F64 : DType::F32;
-                Tensor a = bl.aux_loss(to_dtype(rs.scores_graph, t), rs.selected_Nk, L);
-                aux = aux.defined() ? ops::add(aux, a) : a;
-              }
-            }
-            if (aux.defined())
-              aux_mb += aux.item() * static_cast<double>(L) / static_cast<double>(sp.seq_len);
-            return aux;
-          },
-          sp.recompute, b.loss_weights, embeds);
-      Tensor scaled = ops::mul(loss, 1.0 / static_cast<double>(n_micro));
-      if (poison && mb == 0) scaled = ops::mul(scaled, std::numeric_limits<double>::quiet_NaN());
-      scaled.backward();
+      const std::function<Tensor()> after_forward = [&]() -> Tensor {
+        Tensor aux;
+        for (auto& [l, bl] : bal) {
+          const model::RouteStats& rs = d.last_route(l);
+          bl.observe(rs.scores_Nn, rs.selected_Nk, d.selection_bias(l));
+          if (mb + dps >= n_micro) sample[l] = {rs.scores_Nn, rs.selected_Nk, {}};
+          if (aux_mode && rs.scores_graph.defined()) {
+            const DType t = rs.scores_graph.dtype() == DType::F64 ? DType::F64 : DType::F32;
+            Tensor a = bl.aux_loss(to_dtype(rs.scores_graph, t), rs.selected_Nk, L);
+            aux = aux.defined() ? ops::add(aux, a) : a;
+          }
+        }
+        if (aux.defined())
+          aux_mb += aux.item() * static_cast<double>(L) / static_cast<double>(sp.seq_len);
+        return aux;
+      };
+      const double scale =
+          poison && mb == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / n_micro;
+      double value = 0;  // this rank's part of the micro-batch loss (all of it without cp)
+      if (cp > 1) {
+        value = cp_backward(d, b, sp, scale, after_forward);
+      } else {
+        const Tensor loss = sequence_loss(d, b.input_ids, b.labels, sp.segment_len, sp.detach_state,
+                                          after_forward, sp.recompute, b.loss_weights, embeds);
+        ops::mul(loss, scale).backward();
+        value = loss.item();
+      }
       if (shadow) shadow->accumulate_grads();
       if (r.deterministic) opt->stash_gradients();  // summed in micro-batch order at any dp
       // The logged loss is the language-model loss; the auxiliary term is logged as loss/aux.
       mb_loss[static_cast<size_t>(mb)] =
-          poison ? std::numeric_limits<double>::quiet_NaN() : loss.item() - aux_mb;
+          poison ? std::numeric_limits<double>::quiet_NaN() : value - aux_mb;
       mb_loss[static_cast<size_t>(n_micro + mb)] = aux_mb;
     }
     opt->reduce_gradients();  // to their owners (and, deterministic, in micro-batch order)
-    // Each micro-batch's loss comes from one rank: the sum over ranks is exact, and the total is
-    // taken in micro-batch order, as one process would.
+    // Each micro-batch's loss comes from one data-parallel group (its chunks from the cp ranks):
+    // the sum over ranks is exact without cp, and the total is taken in micro-batch order.
     if (ranks > 1) comm->all_reduce_sum("dp_loss_all_reduce", mb_loss.data(), mb_loss.size());
     for (int64_t mb = 0; mb < n_micro; ++mb) {
       loss_sum += mb_loss[static_cast<size_t>(mb)];

@@ -296,6 +296,50 @@ TEST(DataParallel, ReduceScatterWithinTolerance) {
   expect_none(d);
 }
 
+// Context parallel: each sequence of a 4K stage split over 2 ranks (the KDA state, conv state
+// and MLA latents passed forward, their gradients back), against one process running the same
+// sequences in 2 segments of 2K carrying the state. At 4 ranks: 2 data-parallel groups of 2.
+TEST(ContextParallel, EqualsOneProcessSegmentedRun) {
+  OneThread one;
+  if (world().size() % 2) GTEST_SKIP() << "needs an even number of ranks";
+  const std::string base = recipe(1, 0);
+  const auto stage = [](const std::string& segment) {
+    return cat("\n[[stage]]\nname = \"ctx4k\"\nseq_len = 4096\nsteps = 3\n",
+               "tokens_per_step = 8192\nbatch_size = 1\n", segment);
+  };
+  // The recipe's first stage is replaced by the 4K one.
+  const std::string head = base.substr(0, base.find("[[stage]]"));
+  const std::string cp_text = head + stage("");
+  const std::string one_text = head + stage("segment_len = 2048\n");
+  const auto with_cp = [](std::string t) {
+    return t.replace(t.find("[parallel]\n"), 11, "[parallel]\ncp = 2\n");
+  };
+  const fs::path cp_dir = test_dir("cp"), one_dir = test_dir("one");
+  const Outcome cpr = train(with_cp(cp_text), cp_dir, &world());
+  std::vector<std::string> d;
+  if (world().rank() == 0) {
+    const Outcome ref = train(one_text, one_dir, &dist::single());
+    if (cpr.history.size() != 3) d.push_back(cat("ran ", cpr.history.size(), " steps, not 3"));
+    for (size_t i = 0; i < ref.history.size() && i < cpr.history.size(); ++i) {
+      const double rel = std::abs(cpr.history[i].loss - ref.history[i].loss) / ref.history[i].loss;
+      const double grel =
+          std::abs(cpr.history[i].grad_norm - ref.history[i].grad_norm) / ref.history[i].grad_norm;
+      std::printf("[ CP=2 x DP=%d ] step %zu: loss %.9f vs %.9f (rel %.1e), grad norm rel %.1e\n",
+                  world().size() / 2, i + 1, cpr.history[i].loss, ref.history[i].loss, rel, grel);
+      if (rel > 1e-6 || grel > 1e-5)
+        d.push_back(cat("step ", i + 1, ": loss rel ", rel, ", grad norm rel ", grel));
+    }
+    double worst = 0;
+    for (const auto& [name, t] : ref.weights)
+      worst = std::max(worst, max_rel(cpr.weights.at(name), t));
+    std::printf("[ CP=2 x DP=%d ] weights after 3 steps: max relative difference %.1e\n",
+                world().size() / 2, worst);
+    if (worst > 1e-4) d.push_back(cat("weights: max relative difference ", worst));
+  }
+  world().barrier("compare");
+  expect_none(d);
+}
+
 // The bytes each collective moved in one step against `myriad plan`'s formulas for dp = ranks:
 // the reduce-scatter of fp32 gradients and the all-gather of fp32 weights, averaged over the
 // ranks (whole-tensor ownership makes single ranks differ by the imbalance).

@@ -116,6 +116,24 @@ class MpiComm final : public Comm {
       check(MPI_Bcast(p + i, static_cast<int>(std::min(kPiece, bytes - i)), MPI_BYTE, root, comm_),
             "Bcast");
   }
+  void do_send(const void* data, size_t bytes, int dest) override {
+    const auto* p = static_cast<const char*>(data);
+    for (size_t i = 0; i < bytes || i == 0; i += kPiece) {
+      check(
+          MPI_Send(p + i, static_cast<int>(std::min(kPiece, bytes - i)), MPI_BYTE, dest, 0, comm_),
+          "Send");
+      if (bytes == 0) break;
+    }
+  }
+  void do_recv(void* data, size_t bytes, int src) override {
+    auto* p = static_cast<char*>(data);
+    for (size_t i = 0; i < bytes || i == 0; i += kPiece) {
+      check(MPI_Recv(p + i, static_cast<int>(std::min(kPiece, bytes - i)), MPI_BYTE, src, 0, comm_,
+                     MPI_STATUS_IGNORE),
+            "Recv");
+      if (bytes == 0) break;
+    }
+  }
   void do_barrier() override { check(MPI_Barrier(comm_), "Barrier"); }
 
  private:
