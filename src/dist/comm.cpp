@@ -78,10 +78,6 @@ void Comm::set_timeout(double seconds) {
   std::lock_guard<std::mutex> lk(watch_->mu);
   watch_->timeout = seconds;
 }
-double Comm::timeout() const {
-  std::lock_guard<std::mutex> lk(watch_->mu);
-  return watch_->timeout;
-}
 
 template <class F>
 void Comm::timed(const char* name, double bytes, F&& f) {

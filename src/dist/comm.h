@@ -64,7 +64,6 @@ class Comm {
   // A collective waiting longer than this aborts the job (0: wait forever). Default 600 s, or
   // MYRIAD_COMM_TIMEOUT_S.
   void set_timeout(double seconds);
-  double timeout() const;
   const std::map<std::string, CollectiveStats>& stats() const { return stats_; }
   void reset_stats() { stats_.clear(); }
 

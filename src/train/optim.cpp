@@ -187,18 +187,22 @@ void Optimizer::layout() {
   if (!seg_.empty()) return;
   const int W = sharded() ? comm_->size() : 1;
   seg_.assign(static_cast<size_t>(W) + 1, 0);
+  params_.assign(static_cast<size_t>(W), 0);
   for (int r = 0; r < W; ++r) {
-    size_t n = 0;
-    for_owned(r, [&](size_t i) { n += static_cast<size_t>(slots_[i].param.numel()) + 1; });
-    seg_[static_cast<size_t>(r) + 1] = seg_[static_cast<size_t>(r)] + n;
+    const auto ur = static_cast<size_t>(r);
+    size_t flags = 0;
+    for_owned(r, [&](size_t i) {
+      params_[ur] += static_cast<size_t>(slots_[i].param.numel());
+      ++flags;
+    });
+    seg_[ur + 1] = seg_[ur] + params_[ur] + flags;
   }
 }
 
 void Optimizer::pack_gradients(float* out) const {
   const int W = static_cast<int>(seg_.size()) - 1;
   for (int r = 0; r < W; ++r) {
-    size_t off = seg_[static_cast<size_t>(r)], flag = seg_[static_cast<size_t>(r) + 1];
-    for_owned(r, [&](size_t) { --flag; });
+    size_t off = seg_[static_cast<size_t>(r)], flag = off + params_[static_cast<size_t>(r)];
     for_owned(r, [&](size_t i) {
       const Tensor g = slots_[i].param.grad();
       const auto n = static_cast<size_t>(slots_[i].param.numel());
@@ -216,8 +220,7 @@ void Optimizer::pack_gradients(float* out) const {
 }
 
 void Optimizer::unpack_gradients(int r, const float* seg) {
-  size_t off = 0, flag = seg_[static_cast<size_t>(r) + 1] - seg_[static_cast<size_t>(r)];
-  for_owned(r, [&](size_t) { --flag; });
+  size_t off = 0, flag = params_[static_cast<size_t>(r)];
   for_owned(r, [&](size_t i) {
     Slot& s = slots_[i];
     const auto n = static_cast<size_t>(s.param.numel());
@@ -253,8 +256,7 @@ void Optimizer::stash_gradients() {
 // acc += x over rank r's segment, parameter by parameter: a parameter's first gradient is
 // copied, later ones added (float adds in micro-batch order, as autograd would accumulate).
 void Optimizer::add_segment(int r, const float* x, float* acc) const {
-  size_t off = 0, flag = seg_[static_cast<size_t>(r) + 1] - seg_[static_cast<size_t>(r)];
-  for_owned(r, [&](size_t) { --flag; });
+  size_t off = 0, flag = params_[static_cast<size_t>(r)];
   for_owned(r, [&](size_t i) {
     const auto n = static_cast<size_t>(slots_[i].param.numel());
     if (x[flag] > 0) {
@@ -316,7 +318,7 @@ void Optimizer::reduce_gradients() {
     std::vector<size_t> params(static_cast<size_t>(W)), flag_at(static_cast<size_t>(W));
     send.reserve(seg_.back());
     for (size_t r = 0; r < static_cast<size_t>(W); ++r) {
-      params[r] = static_cast<size_t>(owned_[r]);
+      params[r] = params_[r];
       flag_at[r] = flags.size();
       send.insert(send.end(), packed.begin() + static_cast<std::ptrdiff_t>(seg_[r]),
                   packed.begin() + static_cast<std::ptrdiff_t>(seg_[r] + params[r]));

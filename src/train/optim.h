@@ -78,9 +78,6 @@ class Optimizer {
   // ZeRO-1: the state_dict() entries of the parameters this rank owns ("step" on rank 0 only),
   // the part a data-parallel checkpoint stores per rank.
   std::map<std::string, Tensor> owned_state_dict() const;
-  // The rank that owns parameter i (in the order given), and the owned element count per rank.
-  int owner(size_t i) const { return owner_.empty() ? 0 : owner_[i]; }
-  const std::vector<int64_t>& owned_elements() const { return owned_; }
 
  private:
   struct Slot {
@@ -96,6 +93,8 @@ class Optimizer {
   void muon_update(Slot& s, double lr);
   // This rank holds parameter i's summed gradient and updates it (every one unless ZeRO-1).
   bool mine(size_t i) const { return owner_.empty() || !zero_ || owner_[i] == comm_->rank(); }
+  // The rank that owns parameter i (0 in one process).
+  int owner(size_t i) const { return owner_.empty() ? 0 : owner_[i]; }
   std::vector<double> slot_sum_squares() const;
   void layout();
   void pack_gradients(float* out) const;
@@ -111,9 +110,10 @@ class Optimizer {
   int64_t step_ = 0;
   dist::Comm* comm_ = nullptr;
   bool zero_ = true;
-  std::vector<int> owner_;                 // by slot; empty: single process
-  std::vector<int64_t> owned_;             // elements owned per rank
-  std::vector<size_t> seg_;                // packed-gradient segment offsets by rank (layout())
+  std::vector<int> owner_;      // by slot; empty: single process
+  std::vector<int64_t> owned_;  // elements owned per rank
+  std::vector<size_t> seg_;     // packed-gradient segment offsets by rank (layout())
+  std::vector<size_t> params_;  // gradient values in rank r's segment; its flags follow them
   std::vector<std::vector<float>> stash_;  // stashed micro-batch gradients (one process: the sum)
 };
 

@@ -62,6 +62,12 @@ Tensor to_dtype(const Tensor& x, DType t) {
          [src](const Tensor& g) -> std::vector<Tensor> { return {g.to(src)}; });
   return out;
 }
+// The output projection the loss uses: lm_head, or the tied embedding.
+const Tensor& output_head(const model::Decoder& dec) {
+  return dec.weights().get(dec.weights().contains("lm_head.weight") ? "lm_head.weight"
+                                                                    : "model.embed_tokens.weight");
+}
+
 // Context parallel: a chunk's carried state (or its gradient) to the neighbouring rank. A header
 // per tensor (defined, dtype, rank, up to 4 sizes), then the bytes; both sides list the same
 // cache fields, so the header's length is known to the receiver.
@@ -143,8 +149,7 @@ Tensor Trainer::sequence_loss(const model::Decoder& dec, const Tensor& ids_BT,
       if (y[i] != ops::kIgnoreIndex) share[(i % T) / L] += w[i], all += w[i];
     for (double& x : share) x = all > 0 ? x / all : 0.0;
   }
-  const Tensor& head = dec.weights().get(
-      dec.weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
+  const Tensor& head = output_head(dec);
   std::optional<model::DecodeCache> cache;
   if (L < T) cache.emplace(dec.new_cache());
   Tensor total;
@@ -195,8 +200,7 @@ double Trainer::segmented_backward(const model::Decoder& dec, const Tensor& ids_
       }
     for (double& x : share) x = all > 0 ? x / all : 0.0;
   }
-  const Tensor& head = dec.weights().get(
-      dec.weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
+  const Tensor& head = output_head(dec);
   const auto seg = [&](const Tensor& t, int64_t s) {
     return ops::contiguous(ops::slice(t, 1, s * L, (s + 1) * L));
   };
@@ -645,8 +649,7 @@ struct Trainer::Impl {
     const model::ForwardOutput f =
         d.forward(chunk(b.input_ids), &cache, {.logits = false, .recompute = sp.recompute});
     const Tensor extra = after_forward ? after_forward() : Tensor();
-    const Tensor& head = d.weights().get(
-        d.weights().contains("lm_head.weight") ? "lm_head.weight" : "model.embed_tokens.weight");
+    const Tensor& head = output_head(d);
     const Tensor wy =
         b.loss_weights.defined() ? ops::reshape(chunk(b.loss_weights), {B * L}) : Tensor();
     Tensor loss = ops::linear_cross_entropy(ops::reshape(f.normed_BTD, {B * L, D}), head,
