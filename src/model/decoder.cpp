@@ -304,6 +304,11 @@ const RouteStats& Decoder::last_route(int64_t layer) const {
   return layers_[layer].moe->last_route();
 }
 
+void Decoder::set_expert_runner(const ExpertRunner* r) const {
+  for (const Layer& l : layers_)
+    if (l.moe) l.moe->set_runner(r);
+}
+
 Tensor Decoder::selection_bias(int64_t layer) const {
   MYRIAD_CHECK(layer >= 0 && layer < static_cast<int64_t>(layers_.size()) && layers_[layer].moe,
                "model: layer ", layer, " is not a MoE layer");

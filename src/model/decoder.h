@@ -86,6 +86,9 @@ class Decoder {
   // storage (not trainable), so balancers update it in place.
   Tensor selection_bias(int64_t layer) const;
 
+  // How every MoE layer runs its routed experts in later forwards (null: here; see ExpertRunner).
+  void set_expert_runner(const ExpertRunner* r) const;
+
   // Greedy decoding from a prompt [1, T]: prefill into a fresh cache, then one token at a time.
   Generation generate_greedy(const Tensor& prompt_1T, int64_t new_tokens) const;
 

@@ -122,6 +122,27 @@ Routing Moe::route(const Tensor& x_ND) const {
   return {idx, ops::mul(p, scale_)};
 }
 
+Tensor Moe::run_experts(const Tensor& xs_MD, const std::vector<int64_t>& counts,
+                        int64_t first) const {
+  MYRIAD_CHECK(first >= 0 && first + static_cast<int64_t>(counts.size()) <= n_, "model: experts ",
+               first, " + ", counts.size(), " of ", n_);
+  std::vector<int64_t> offsets = {0};
+  std::vector<Tensor> wg, wu, wd;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] == 0) continue;
+    const int64_t j = first + static_cast<int64_t>(i);
+    offsets.push_back(offsets.back() + counts[i]);
+    wg.push_back(w(expert(j, 0))), wu.push_back(w(expert(j, 1))), wd.push_back(w(expert(j, 2)));
+  }
+  MYRIAD_CHECK(offsets.back() == xs_MD.size(0), "model: expert counts sum to ", offsets.back(),
+               " but ", xs_MD.size(0), " rows came");
+  // No rows (a rank whose experts got no tokens): an empty result that stays in the graph.
+  if (wg.empty()) return ops::mul(xs_MD, 0.0);
+  Tensor h =
+      glu(act_, ops::grouped_linear(xs_MD, offsets, wg), ops::grouped_linear(xs_MD, offsets, wu));
+  return ops::grouped_linear(h, offsets, wd);
+}
+
 Tensor Moe::forward(const Tensor& x_BTD) const {
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1), d = x_BTD.size(2), N = B * T;
   Tensor x_ND = ops::reshape(x_BTD, {N, d});
@@ -141,20 +162,13 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
       const int64_t q = at[ids[t * k_ + s]]++;
       tok[q] = t, slot[q] = t * k_ + s;
     }
-  std::vector<int64_t> offsets = {0};
-  std::vector<Tensor> wg, wu, wd;
-  for (int64_t j = 0; j < n_; ++j) {
-    if (count[j + 1] == 0) continue;  // unused experts take no part (and get no gradient)
-    offsets.push_back(offsets.back() + count[j + 1]);
-    wg.push_back(w(expert(j, 0))), wu.push_back(w(expert(j, 1))), wd.push_back(w(expert(j, 2)));
-  }
   Tensor xin = latent_ ? ops::linear(x_ND, w("routed_expert_down_proj.weight")) : x_ND;
   const int64_t M = N * k_;
   Tensor tok_t = Tensor::from_ints(tok, {M}, DType::I64, xin.device());
   Tensor slot_t = Tensor::from_ints(slot, {M}, DType::I64, xin.device());
   Tensor xs = ops::index_select(xin, 0, tok_t);
-  Tensor h = glu(act_, ops::grouped_linear(xs, offsets, wg), ops::grouped_linear(xs, offsets, wu));
-  Tensor ys = ops::grouped_linear(h, offsets, wd);
+  const std::vector<int64_t> per_expert(count.begin() + 1, count.end());
+  Tensor ys = runner_ ? runner_->run(*this, xs, per_expert) : run_experts(xs, per_expert, 0);
   Tensor p_flat = ops::reshape(r.p_NK, {M});
   ys = ops::mul(ys, ops::unsqueeze(ops::index_select(p_flat, 0, slot_t), 1));
   Tensor y =

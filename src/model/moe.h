@@ -25,6 +25,20 @@ struct Routing {
 // What the last route() saw, for balancers and monitors (TRAINING.md §3-4): detached, except
 // scores_graph, the same scores in the model's dtype with their autograd history (defined only when
 // they require grad), for auxiliary losses on the router (MODEL.md §12.3 aux_loss).
+class Moe;
+
+// Runs the routed experts of one MoE layer on their rows: xs_MD holds the (token, slot) rows in
+// expert order, counts[j] rows for expert j (j = 0 … n-1); the result has the same rows, each the
+// output of its expert. The module runs them itself (Moe::run_experts) unless a runner is
+// installed: a trainer installs one that sends the rows to the ranks holding the experts and
+// brings the outputs back (expert parallel), which this module never needs to know about.
+class ExpertRunner {
+ public:
+  virtual ~ExpertRunner() = default;
+  virtual Tensor run(const Moe& moe, const Tensor& xs_MD,
+                     const std::vector<int64_t>& counts) const = 0;
+};
+
 struct RouteStats {
   Tensor scores_Nn;    // f32 [N, n] unbiased sigmoid scores
   Tensor selected_Nk;  // i64 [N, k] chosen experts
@@ -40,6 +54,14 @@ class Moe {
   Routing route(const Tensor& x_ND) const;
   Tensor forward(const Tensor& x_BTD) const;
   const RouteStats& last_route() const { return last_; }
+  // Experts first, first + 1, … on rows in expert order (counts[i] rows for expert first + i):
+  // one grouped GEMM per projection over the experts that have rows (the others take no part and
+  // get no gradient). Output rows = input rows, width = the expert width.
+  Tensor run_experts(const Tensor& xs_MD, const std::vector<int64_t>& counts, int64_t first) const;
+  int64_t num_experts() const { return n_; }
+  // The runner for later forwards (null: run_experts on all experts here). An execution setting,
+  // like a thread count, not model state; the runner must outlive its use.
+  void set_runner(const ExpertRunner* r) const { runner_ = r; }
 
  private:
   const Tensor& w(const std::string& name) const { return w_->get(prefix_ + name); }
@@ -52,6 +74,7 @@ class Moe {
   bool renorm_, latent_, latent_norm_, latent_router_;
   double scale_, eps_, router_scale_;  // router_scale_ = 1/√d_r
   mutable RouteStats last_;            // overwritten by every route()
+  mutable const ExpertRunner* runner_ = nullptr;
 };
 
 }  // namespace myriad::model

@@ -156,33 +156,60 @@ void Optimizer::for_owned(int r, F&& f) const {
     if (slots_[i].group != ParamGroup::BalancerOwned && owner(i) == r) f(i);
 }
 
-void Optimizer::distribute(dist::Comm* comm, bool zero) {
+template <class F>
+void Optimizer::for_sent(int r, int s, F&& f) const {
+  for_owned(r, [&](size_t i) {
+    if (has(s, i)) f(i);
+  });
+}
+
+size_t Optimizer::sent_params(int r, int s) const {
+  size_t n = 0;
+  for_sent(r, s, [&](size_t i) { n += static_cast<size_t>(slots_[i].param.numel()); });
+  return n;
+}
+
+void Optimizer::distribute(dist::Comm* comm, bool zero, ExpertShards ep) {
   comm_ = comm, zero_ = zero;
-  owner_.clear(), owned_.clear();
-  seg_.clear();
+  owner_.clear(), holder_.clear(), seg_.clear();
+  ep_ = 1, replicas_ = nullptr;
   if (!sharded()) return;
   const int W = comm_->size();
+  if (ep.ep > 1) {
+    MYRIAD_CHECK(
+        zero_ && W % ep.ep == 0 && ep.holder && ep.replicas && ep.replicas->size() == W / ep.ep,
+        "optimizer: expert shards need ZeRO-1 and ep (", ep.ep, ") dividing the ", W, " ranks");
+    ep_ = ep.ep, replicas_ = ep.replicas;
+    holder_.resize(slots_.size());
+    for (size_t i = 0; i < slots_.size(); ++i) holder_[i] = ep.holder(slots_[i].name);
+  }
   owner_.assign(slots_.size(), 0);
-  owned_.assign(static_cast<size_t>(W), 0);
+  std::vector<int64_t> owned(static_cast<size_t>(W), 0);
   std::vector<size_t> order(slots_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return slots_[a].param.numel() > slots_[b].param.numel();
   });
+  // Largest first to the least-loaded rank among those that run the parameter.
   for (size_t i : order) {
     if (slots_[i].group == ParamGroup::BalancerOwned) continue;
-    const auto r =
-        static_cast<int>(std::min_element(owned_.begin(), owned_.end()) - owned_.begin());
-    owner_[i] = r;
-    owned_[static_cast<size_t>(r)] += slots_[i].param.numel();
+    int best = -1;
+    for (int r = 0; r < W; ++r)
+      if (has(r, i) &&
+          (best < 0 || owned[static_cast<size_t>(r)] < owned[static_cast<size_t>(best)]))
+        best = r;
+    owner_[i] = best;
+    owned[static_cast<size_t>(best)] += slots_[i].param.numel();
   }
   if (zero_)  // ZeRO-1: the moments of other ranks' parameters are not kept
     for (size_t i = 0; i < slots_.size(); ++i)
       if (!mine(i)) slots_[i].exp_avg = slots_[i].exp_avg_sq = slots_[i].moment = Tensor();
 }
 
-// Rank r's segment of a packed gradient: the gradients of its parameters in slot order, then
-// one "has a gradient" flag per parameter. seg_[r] is its offset, seg_[W] the total.
+// This rank's packed gradient, by receiver r: the gradients of r's parameters that this rank
+// runs, in slot order, then one "has a gradient" flag per parameter. seg_[r] is the offset of
+// r's segment, seg_[W] the total. An owner runs all its parameters, so its own segment is the
+// layout of its sums (unpack_gradients).
 void Optimizer::layout() {
   if (!seg_.empty()) return;
   const int W = sharded() ? comm_->size() : 1;
@@ -191,7 +218,7 @@ void Optimizer::layout() {
   for (int r = 0; r < W; ++r) {
     const auto ur = static_cast<size_t>(r);
     size_t flags = 0;
-    for_owned(r, [&](size_t i) {
+    for_sent(r, me(), [&](size_t i) {
       params_[ur] += static_cast<size_t>(slots_[i].param.numel());
       ++flags;
     });
@@ -203,7 +230,7 @@ void Optimizer::pack_gradients(float* out) const {
   const int W = static_cast<int>(seg_.size()) - 1;
   for (int r = 0; r < W; ++r) {
     size_t off = seg_[static_cast<size_t>(r)], flag = off + params_[static_cast<size_t>(r)];
-    for_owned(r, [&](size_t i) {
+    for_sent(r, me(), [&](size_t i) {
       const Tensor g = slots_[i].param.grad();
       const auto n = static_cast<size_t>(slots_[i].param.numel());
       if (g.defined()) {
@@ -220,7 +247,7 @@ void Optimizer::pack_gradients(float* out) const {
 }
 
 void Optimizer::unpack_gradients(int r, const float* seg) {
-  size_t off = 0, flag = params_[static_cast<size_t>(r)];
+  size_t off = 0, flag = sent_params(r, r);
   for_owned(r, [&](size_t i) {
     Slot& s = slots_[i];
     const auto n = static_cast<size_t>(s.param.numel());
@@ -253,19 +280,24 @@ void Optimizer::stash_gradients() {
   add_segment(0, g.data(), stash_[0].data());
 }
 
-// acc += x over rank r's segment, parameter by parameter: a parameter's first gradient is
-// copied, later ones added (float adds in micro-batch order, as autograd would accumulate).
-void Optimizer::add_segment(int r, const float* x, float* acc) const {
-  size_t off = 0, flag = params_[static_cast<size_t>(r)];
+// acc (this rank's sums, its own segment's layout) += x, the segment rank q sent, parameter by
+// parameter: a parameter's first gradient is copied, later ones added (float adds in
+// micro-batch order, as autograd would accumulate). Parameters q does not run are skipped.
+void Optimizer::add_segment(int q, const float* x, float* acc) const {
+  const int r = me();
+  size_t off = 0, flag = sent_params(r, r), xoff = 0, xflag = sent_params(r, q);
   for_owned(r, [&](size_t i) {
     const auto n = static_cast<size_t>(slots_[i].param.numel());
-    if (x[flag] > 0) {
-      if (acc[flag] > 0) {
-        for (size_t k = 0; k < n; ++k) acc[off + k] += x[off + k];
-      } else {
-        std::memcpy(acc + off, x + off, n * sizeof(float));
-        acc[flag] = 1.0f;
+    if (has(q, i)) {
+      if (x[xflag] > 0) {
+        if (acc[flag] > 0) {
+          for (size_t k = 0; k < n; ++k) acc[off + k] += x[xoff + k];
+        } else {
+          std::memcpy(acc + off, x + xoff, n * sizeof(float));
+          acc[flag] = 1.0f;
+        }
       }
+      xoff += n, ++xflag;
     }
     off += n, ++flag;
   });
@@ -276,10 +308,10 @@ void Optimizer::reduce_gradients() {
   if (stash_.empty() && !sharded()) return;
   layout();
   const int W = static_cast<int>(seg_.size()) - 1;
-  const auto me = static_cast<size_t>(sharded() ? comm_->rank() : 0);
+  const auto me_ = static_cast<size_t>(me());
   std::vector<size_t> counts(static_cast<size_t>(W));
   for (size_t r = 0; r < counts.size(); ++r) counts[r] = seg_[r + 1] - seg_[r];
-  std::vector<float> mine_sum(counts[me], 0.0f);
+  std::vector<float> mine_sum(counts[me_], 0.0f);
   if (!stash_.empty() && !sharded()) {
     unpack_gradients(0, stash_[0].data());
     stash_.clear();
@@ -291,6 +323,7 @@ void Optimizer::reduce_gradients() {
     const size_t n_local = stash_.size();
     std::vector<float> send(n_local * seg_.back());
     std::vector<size_t> send_bytes(static_cast<size_t>(W)), recv_bytes(static_cast<size_t>(W));
+    std::vector<size_t> from(static_cast<size_t>(W)), at(static_cast<size_t>(W) + 1, 0);
     size_t off = 0;
     for (size_t r = 0; r < static_cast<size_t>(W); ++r) {
       for (const auto& g : stash_) {
@@ -298,40 +331,69 @@ void Optimizer::reduce_gradients() {
         off += counts[r];
       }
       send_bytes[r] = n_local * counts[r] * sizeof(float);
-      recv_bytes[r] = n_local * counts[me] * sizeof(float);
+      // What rank r sends here: its segment for this rank, once per stashed micro-batch.
+      from[r] = sent_params(static_cast<int>(me_), static_cast<int>(r));
+      size_t flags = 0;
+      for_sent(static_cast<int>(me_), static_cast<int>(r), [&](size_t) { ++flags; });
+      from[r] += flags;
+      recv_bytes[r] = n_local * from[r] * sizeof(float);
+      at[r + 1] = at[r] + n_local * from[r];
     }
     stash_.clear();
-    std::vector<float> recv(static_cast<size_t>(W) * n_local * counts[me]);
+    std::vector<float> recv(at.back());
     comm_->all_to_all("dp_all_to_all_grads", send.data(), send_bytes, recv.data(), recv_bytes);
     for (size_t m = 0; m < static_cast<size_t>(W) * n_local; ++m) {
       const size_t q = m % static_cast<size_t>(W), j = m / static_cast<size_t>(W);
-      add_segment(static_cast<int>(me), recv.data() + (q * n_local + j) * counts[me],
-                  mine_sum.data());
+      add_segment(static_cast<int>(q), recv.data() + at[q] + j * from[q], mine_sum.data());
     }
   } else {
-    // The parameters' gradients in one reduce-scatter (the bytes the planner predicts); the
-    // "has a gradient" flags in a small all-reduce of their own.
+    // The gradients in reduce-scatters (the bytes the planner predicts): the parameters every
+    // rank runs over all ranks, an expert's over the ranks that run it; the "has a gradient"
+    // flags in a small all-reduce of their own.
     std::vector<float> packed(seg_.back());
     pack_gradients(packed.data());
-    std::vector<float> send;
+    std::vector<float> shared, expert, shared_sum, expert_sum;
     std::vector<double> flags;
-    std::vector<size_t> params(static_cast<size_t>(W)), flag_at(static_cast<size_t>(W));
-    send.reserve(seg_.back());
-    for (size_t r = 0; r < static_cast<size_t>(W); ++r) {
-      params[r] = params_[r];
-      flag_at[r] = flags.size();
-      send.insert(send.end(), packed.begin() + static_cast<std::ptrdiff_t>(seg_[r]),
-                  packed.begin() + static_cast<std::ptrdiff_t>(seg_[r] + params[r]));
-      flags.insert(flags.end(), packed.begin() + static_cast<std::ptrdiff_t>(seg_[r] + params[r]),
-                   packed.begin() + static_cast<std::ptrdiff_t>(seg_[r + 1]));
+    std::vector<size_t> sh(static_cast<size_t>(W), 0), flag_at(static_cast<size_t>(W));
+    std::vector<size_t> ex(static_cast<size_t>(replicas_ ? replicas_->size() : 0), 0);
+    for (int r = 0; r < W; ++r) {
+      const auto ur = static_cast<size_t>(r);
+      size_t off = seg_[ur], flag = off + params_[ur];
+      flag_at[ur] = flags.size();
+      for_owned(r, [&](size_t i) {
+        const auto n = static_cast<size_t>(slots_[i].param.numel());
+        if (!has(me(), i)) {
+          flags.push_back(0.0);
+          return;
+        }
+        std::vector<float>& dst = holder_.empty() || holder_[i] < 0 ? shared : expert;
+        dst.insert(dst.end(), packed.begin() + static_cast<std::ptrdiff_t>(off),
+                   packed.begin() + static_cast<std::ptrdiff_t>(off + n));
+        (&dst == &shared ? sh[ur] : ex[ur / static_cast<size_t>(ep_)]) += n;
+        flags.push_back(packed[flag]);
+        off += n, ++flag;
+      });
     }
-    comm_->reduce_scatter_sum("dp_reduce_scatter", send.data(), mine_sum.data(), params);
+    shared_sum.resize(sh[me_]);
+    comm_->reduce_scatter_sum("dp_reduce_scatter", shared.data(), shared_sum.data(), sh);
+    if (replicas_) {
+      expert_sum.resize(ex[static_cast<size_t>(replicas_->rank())]);
+      replicas_->reduce_scatter_sum("expert_reduce_scatter", expert.data(), expert_sum.data(), ex);
+    }
     comm_->all_reduce_sum("dp_grad_flags", flags.data(), flags.size());
-    for (size_t k = params[me]; k < counts[me]; ++k)
-      mine_sum[k] = static_cast<float>(flags[flag_at[me] + k - params[me]]);
+    size_t off = 0, flag = params_[me_], s_at = 0, e_at = 0, k = flag_at[me_];
+    for_owned(static_cast<int>(me_), [&](size_t i) {
+      const auto n = static_cast<size_t>(slots_[i].param.numel());
+      const bool is_shared = holder_.empty() || holder_[i] < 0;
+      const float* src = is_shared ? shared_sum.data() + s_at : expert_sum.data() + e_at;
+      std::memcpy(mine_sum.data() + off, src, n * sizeof(float));
+      (is_shared ? s_at : e_at) += n;
+      mine_sum[flag] = static_cast<float>(flags[k]);
+      off += n, ++flag, ++k;
+    });
   }
   if (zero_) {
-    unpack_gradients(static_cast<int>(me), mine_sum.data());
+    unpack_gradients(static_cast<int>(me_), mine_sum.data());
     return;
   }
   // Replicated optimizer: the summed segments to every rank (the same bits everywhere).
@@ -340,6 +402,49 @@ void Optimizer::reduce_gradients() {
   std::vector<float> full(seg_.back());
   comm_->all_gather("dp_all_gather_grads", mine_sum.data(), full.data(), bytes);
   for (int r = 0; r < W; ++r) unpack_gradients(r, full.data() + seg_[static_cast<size_t>(r)]);
+}
+
+template <class Pick, class RankOf>
+void Optimizer::gather_weights(dist::Comm& c, const char* name, Pick&& pick, RankOf&& rank_of) {
+  const int G = c.size();
+  std::vector<size_t> counts(static_cast<size_t>(G), 0);
+  for (int k = 0; k < G; ++k)
+    for_owned(rank_of(k), [&](size_t i) {
+      if (pick(i)) counts[static_cast<size_t>(k)] += static_cast<size_t>(slots_[i].param.numel());
+    });
+  std::vector<float> send(counts[static_cast<size_t>(c.rank())]);
+  size_t off = 0;
+  for_owned(me(), [&](size_t i) {
+    if (!pick(i)) return;
+    const Tensor h = host_f32(slots_[i].param);
+    std::memcpy(send.data() + off, h.data<float>(), h.nbytes());
+    off += static_cast<size_t>(h.numel());
+  });
+  std::vector<size_t> bytes(counts);
+  for (size_t& b : bytes) b *= sizeof(float);
+  std::vector<float> all(std::accumulate(counts.begin(), counts.end(), size_t{0}));
+  c.all_gather(name, send.data(), all.data(), bytes);
+  off = 0;
+  for (int k = 0; k < G; ++k)
+    for_owned(rank_of(k), [&](size_t i) {
+      if (!pick(i)) return;
+      Slot& s = slots_[i];
+      const auto n = static_cast<size_t>(s.param.numel());
+      if (rank_of(k) != me()) {
+        Tensor h = Tensor::empty(s.param.shape());
+        std::memcpy(h.data<float>(), all.data() + off, n * sizeof(float));
+        write_back(s.param, h);
+      }
+      off += n;
+    });
+}
+
+void Optimizer::sync_experts() {
+  if (!replicas_) return;
+  NoGradGuard ng;
+  gather_weights(
+      *comm_, "ep_sync_experts", [&](size_t i) { return holder_[i] >= 0; },
+      [](int k) { return k; });
 }
 
 std::map<std::string, Tensor> Optimizer::owned_state_dict() const {
@@ -420,32 +525,17 @@ void Optimizer::step(double lr) {
       adamw_update(s, lr);
   }
   if (!sharded() || !zero_) return;
-  // ZeRO-1: every owner's updated weights to every rank.
-  const int W = comm_->size();
-  std::vector<size_t> counts(static_cast<size_t>(W));
-  for (int r = 0; r < W; ++r)
-    counts[static_cast<size_t>(r)] = static_cast<size_t>(owned_[static_cast<size_t>(r)]) * 4;
-  std::vector<float> send(static_cast<size_t>(owned_[static_cast<size_t>(comm_->rank())]));
-  size_t off = 0;
-  for_owned(comm_->rank(), [&](size_t i) {
-    const Tensor h = host_f32(slots_[i].param);
-    std::memcpy(send.data() + off, h.data<float>(), h.nbytes());
-    off += static_cast<size_t>(h.numel());
-  });
-  std::vector<float> all(std::accumulate(counts.begin(), counts.end(), size_t{0}) / 4);
-  comm_->all_gather("dp_all_gather", send.data(), all.data(), counts);
-  off = 0;
-  for (int r = 0; r < W; ++r)
-    for_owned(r, [&](size_t i) {
-      Slot& s = slots_[i];
-      const auto n = static_cast<size_t>(s.param.numel());
-      if (r != comm_->rank()) {
-        Tensor h = Tensor::empty(s.param.shape());
-        std::memcpy(h.data<float>(), all.data() + off, n * sizeof(float));
-        write_back(s.param, h);
-      }
-      off += n;
-    });
+  // ZeRO-1: every owner's updated weights to every rank that runs them: the parameters every
+  // rank runs over all ranks, an expert's over its replicas (member k of replicas_ is world rank
+  // k * ep + rank % ep).
+  const auto shared = [&](size_t i) { return holder_.empty() || holder_[i] < 0; };
+  gather_weights(*comm_, "dp_all_gather", shared, [](int k) { return k; });
+  if (replicas_) {
+    const int e = me() % ep_;
+    gather_weights(
+        *replicas_, "expert_all_gather", [&](size_t i) { return holder_[i] == e; },
+        [&](int k) { return k * ep_ + e; });
+  }
 }
 
 // §1.2 in one pass over the tensor: moments, bias correction, decoupled decay.

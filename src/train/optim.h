@@ -5,6 +5,7 @@
 // every loop runs in a fixed order and the GEMMs of Newton-Schulz run on the CPU backend.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -31,6 +32,16 @@ struct OptimConfig {
 };
 
 using NamedParams = std::vector<std::pair<std::string, Tensor>>;
+
+// Expert parallel (docs/DISTRIBUTED.md): groups of `ep` consecutive ranks share out the routed
+// experts; holder(name) is the index in the group (0 … ep-1) of the rank that runs the parameter,
+// -1 for parameters every rank runs. `replicas` holds the ranks with this rank's index (rank % ep),
+// ordered by rank: the ranks that run the same experts.
+struct ExpertShards {
+  int ep = 1;
+  std::function<int(const std::string&)> holder;
+  dist::Comm* replicas = nullptr;
+};
 
 class Optimizer {
  public:
@@ -63,7 +74,16 @@ class Optimizer {
   // step() ends with one all-gather of the updated weights; zero = false: the summed gradients
   // are all-gathered and every rank updates every parameter. Both leave every rank with the same
   // bits. A comm of size 1 changes nothing.
-  void distribute(dist::Comm* comm, bool zero);
+  //
+  // With expert shards (ZeRO-1 only), an expert's parameters are owned by one of the ranks that
+  // run it: only those ranks send its gradients (the all-to-all, or a reduce-scatter over the
+  // replicas, "expert_reduce_scatter"), and step() all-gathers its update over the replicas only
+  // ("expert_all_gather"). The other ranks' copies go stale until sync_experts().
+  void distribute(dist::Comm* comm, bool zero, ExpertShards ep = {});
+  // Expert parallel: every expert parameter from its owner to every rank (a collective), so a
+  // checkpoint, an evaluation or an export sees current weights everywhere. Nothing without
+  // expert shards.
+  void sync_experts();
   // Deterministic accumulation: called after each micro-batch's backward, it moves the
   // gradients aside; reduce_gradients() then adds them up on their owners in the global
   // micro-batch order (the trainer deals micro-batches round-robin: rank q's j-th is micro-batch
@@ -95,25 +115,41 @@ class Optimizer {
   bool mine(size_t i) const { return owner_.empty() || !zero_ || owner_[i] == comm_->rank(); }
   // The rank that owns parameter i (0 in one process).
   int owner(size_t i) const { return owner_.empty() ? 0 : owner_[i]; }
+  // Rank r runs parameter i (every rank but for other ranks' experts under expert parallel).
+  bool has(int r, size_t i) const {
+    return holder_.empty() || holder_[i] < 0 || r % ep_ == holder_[i];
+  }
+  int me() const { return sharded() ? comm_->rank() : 0; }
   std::vector<double> slot_sum_squares() const;
   void layout();
   void pack_gradients(float* out) const;
   void unpack_gradients(int r, const float* seg);
-  void add_segment(int r, const float* x, float* acc) const;
+  void add_segment(int q, const float* x, float* acc) const;
   bool sharded() const { return comm_ && comm_->size() > 1; }
   // f(slot index) for owner r's parameters, in slot order.
   template <class F>
   void for_owned(int r, F&& f) const;
+  // f(slot index) for owner r's parameters that rank s runs (sends gradients of), in slot order.
+  template <class F>
+  void for_sent(int r, int s, F&& f) const;
+  // Gradient values rank s sends rank r (its flags follow them).
+  size_t sent_params(int r, int s) const;
+  // The updated weights of owners' parameters selected by `pick`, all-gathered over `c` whose
+  // member k is world rank rank_of(k).
+  template <class Pick, class RankOf>
+  void gather_weights(dist::Comm& c, const char* name, Pick&& pick, RankOf&& rank_of);
 
   OptimConfig cfg_;
   std::vector<Slot> slots_;
   int64_t step_ = 0;
   dist::Comm* comm_ = nullptr;
   bool zero_ = true;
-  std::vector<int> owner_;      // by slot; empty: single process
-  std::vector<int64_t> owned_;  // elements owned per rank
-  std::vector<size_t> seg_;     // packed-gradient segment offsets by rank (layout())
-  std::vector<size_t> params_;  // gradient values in rank r's segment; its flags follow them
+  std::vector<int> owner_;   // by slot; empty: single process
+  std::vector<int> holder_;  // by slot: expert parallel holder index, -1 every rank; or empty
+  int ep_ = 1;
+  dist::Comm* replicas_ = nullptr;
+  std::vector<size_t> seg_;     // this rank's packed-gradient segment offsets by receiver
+  std::vector<size_t> params_;  // gradient values in the segment for rank r; its flags follow
   std::vector<std::vector<float>> stash_;  // stashed micro-batch gradients (one process: the sum)
 };
 

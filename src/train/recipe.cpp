@@ -139,8 +139,7 @@ Recipe Recipe::parse(std::string_view text, std::string_view source) {
   pa.get("timeout_s", r.parallel.timeout_s);
   pa.finish();
   MYRIAD_CHECK(r.parallel.dp >= 0, "parallel.dp: must be >= 0 (0: every rank)");
-  MYRIAD_CHECK(r.parallel.ep == 1,
-               "parallel.ep: expert parallelism is not built yet (docs/DISTRIBUTED.md); use dp");
+  MYRIAD_CHECK(r.parallel.ep >= 1, "parallel.ep: must be >= 1");
   MYRIAD_CHECK(r.parallel.cp >= 1, "parallel.cp: must be >= 1");
   MYRIAD_CHECK(r.parallel.zero == 0 || r.parallel.zero == 1,
                "parallel.zero: 0 (replicated optimizer state) or 1 (ZeRO-1), got ",

@@ -64,6 +64,8 @@ struct EvalRecipe {
 // dealt round-robin to the dp groups, so a step sees the same global batch at any dp
 // (micro_batches must divide by dp). cp > 1: each sequence is split into cp chunks, one per rank
 // of a group, with the decode state passed rank to rank (segment_len must be 0 or seq_len / cp).
+// ep > 1: each group of ep consecutive data-parallel ranks shares out the routed experts of every
+// MoE layer (ep divides dp and the expert count; not with cp > 1 or image rows).
 // zero = 1: ZeRO-1 (optimizer state sharded by parameter); 0: replicated. A collective waiting
 // longer than timeout_s ends the job with a message (unset: the MYRIAD_COMM_TIMEOUT_S environment
 // variable, else 600 s).

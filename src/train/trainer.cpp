@@ -27,6 +27,7 @@
 #include "train/balancer.h"
 #include "train/checkpoint.h"
 #include "train/events.h"
+#include "train/expert_parallel.h"
 #include "train/mixed_precision.h"
 #include "train/report.h"
 #include "train/signals.h"
@@ -255,6 +256,30 @@ struct Trainer::Impl {
   // ranks of one sequence, in chunk order.
   int cp = 1, dps = 1, dp_rank = 0, cp_rank = 0;
   std::unique_ptr<dist::Comm> cp_comm;
+  // Expert parallel: groups of ep consecutive ranks (ep_comm) run the experts of their
+  // micro-batches together.
+  int ep = 1;
+  std::unique_ptr<dist::Comm> ep_comm, replica_comm;  // replica_comm: ranks running my experts
+  std::optional<ExpertParallel> ep_runner;
+  std::map<std::string, dist::CollectiveStats> comm_totals;  // over the steps run here
+
+  // The communicators this rank uses, the world first.
+  std::vector<dist::Comm*> comms() const {
+    std::vector<dist::Comm*> v = {comm};
+    for (const auto* c : {&cp_comm, &ep_comm, &replica_comm})
+      if (*c) v.push_back(c->get());
+    return v;
+  }
+  // This step's collectives over all groups, by name.
+  std::map<std::string, dist::CollectiveStats> step_comm() const {
+    std::map<std::string, dist::CollectiveStats> m;
+    for (const dist::Comm* c : comms())
+      for (const auto& [name, cs] : c->stats()) {
+        dist::CollectiveStats& t = m[name];
+        t.calls += cs.calls, t.bytes += cs.bytes, t.seconds += cs.seconds;
+      }
+    return m;
+  }
   bool setting_up = false;
   std::optional<data::Tokenizer> tok;
   std::optional<model::Decoder> dec;  // fp32 master weights (optimiser, checkpoints, hooks)
@@ -343,6 +368,17 @@ struct Trainer::Impl {
     MYRIAD_CHECK(cp == 1 || r.corpus != "fashion_mnist",
                  "parallel.cp: image rows train in one pass, not context parallel");
     if (cp > 1) cp_comm = comm->split(dp_rank, cp_rank);
+    ep = static_cast<int>(r.parallel.ep);
+    if (ep > 1) {
+      MYRIAD_CHECK(dps % ep == 0, "parallel.ep = ", ep, " does not divide the ", dps,
+                   " data-parallel ranks");
+      MYRIAD_CHECK(cp == 1, "parallel.ep: not with context parallel (cp = ", cp, ")");
+      MYRIAD_CHECK(r.corpus != "fashion_mnist", "parallel.ep: image rows are not supported");
+      MYRIAD_CHECK(r.parallel.zero == 1, "parallel.ep: needs zero = 1 (ZeRO-1)");
+      ep_comm = comm->split(rank / ep, rank % ep);
+      replica_comm = comm->split(rank % ep, rank);
+      ep_runner.emplace(*ep_comm);
+    }
     if (ranks > 1) {
       if (r.parallel.timeout_s > 0) comm->set_timeout(r.parallel.timeout_s);
       quiet = quiet || rank != 0;
@@ -398,6 +434,9 @@ struct Trainer::Impl {
     const model::ModelConfig cfg =
         r.model(r.model_init.empty() ? tok->vocab_size()
                                      : model::ModelConfig::load(r.model_init).vocab_size);
+    MYRIAD_CHECK(ep == 1 || (cfg.num_experts > 0 && cfg.num_experts % ep == 0),
+                 "parallel.ep = ", ep, ": the model's ", cfg.num_experts,
+                 " routed experts do not divide over the EP ranks");
     if (r.model_init.empty()) {
       dec.emplace(model::Decoder::random(cfg, r.seed));
     } else {
@@ -407,7 +446,20 @@ struct Trainer::Impl {
     }
     dec->weights().requires_grad_(true);  // replaces the tensors: collect them afterwards
     opt.emplace(optimizer_params(*dec), r.optimizer);
-    opt->distribute(comm, r.parallel.zero == 1);
+    ExpertShards shards;
+    if (ep > 1) {
+      // "...experts.<j>.<proj>.weight" runs on the EP rank holding the block of expert j.
+      const int64_t per = cfg.num_experts / ep;
+      shards = {ep,
+                [per](const std::string& name) {
+                  const size_t at = name.find(".experts.");
+                  return at == std::string::npos
+                             ? -1
+                             : static_cast<int>(std::stoll(name.substr(at + 9)) / per);
+                },
+                replica_comm.get()};
+    }
+    opt->distribute(comm, r.parallel.zero == 1, shards);
     if (r.precision == "bf16") shadow.emplace(*dec);
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
       if (cfg.is_moe_layer(i))
@@ -506,10 +558,19 @@ struct Trainer::Impl {
     return s;
   }
 
+  // Expert parallel: the other ranks' experts are stale between steps (each rank updates only
+  // those it runs); a checkpoint, an evaluation or the caller after run() needs them current.
+  void sync_experts() {
+    if (ep == 1) return;
+    opt->sync_experts();
+    sync_shadow();
+  }
+
   // Every rank takes part. ZeRO-1: each rank writes the optimizer state it owns, rank 0 the
   // rest (CheckpointManager's data-parallel save); otherwise rank 0 writes it all.
   void save() {
     if (last_saved == step) return;
+    sync_experts();
     if (ranks > 1 && r.parallel.zero == 1) {
       ckpt->save(state(false), *comm, opt->owned_state_dict());
     } else {
@@ -682,7 +743,8 @@ struct Trainer::Impl {
 
   void train_step(const StageSpec& sp) {
     const auto t0 = Clock::now();
-    comm->reset_stats();  // this step's collectives, logged as comm/<name>/{bytes,seconds}
+    for (dist::Comm* c : comms())
+      c->reset_stats();  // this step's collectives, logged as comm/<name>/{bytes,seconds}
     const int64_t n_micro = sp.micro_batches();
     // A poisoned step fires once, so a rollback past it does not poison it again.
     const auto pit = std::find(r.poison_steps.begin(), r.poison_steps.end(), step + 1);
@@ -699,6 +761,12 @@ struct Trainer::Impl {
                  "loss needs the router's graph after the forward)");
     const int64_t seg = sp.segment_len > 0 && sp.segment_len < sp.seq_len ? sp.segment_len : 0;
     const int64_t L = cp > 1 ? sp.seq_len / cp : seg ? seg : sp.seq_len;
+    // Expert parallel: the group's ranks run their experts together in these micro-batches.
+    struct Runner {
+      const model::Decoder& d;
+      ~Runner() { d.set_expert_runner(nullptr); }
+    } runner{d};
+    if (ep_runner) d.set_expert_runner(&*ep_runner);
     for (int64_t mb = 0; mb < n_micro; ++mb) {
       // Every rank reads every micro-batch (the cursors stay equal, so a checkpoint resumes at
       // any dp) and trains on those dealt to it, round-robin.
@@ -791,6 +859,10 @@ struct Trainer::Impl {
       st.layers.push_back(std::move(lr_stats));
     }
     ++step;
+    for (const auto& [name, cs] : step_comm()) {
+      dist::CollectiveStats& t = comm_totals[name];
+      t.calls += cs.calls, t.bytes += cs.bytes, t.seconds += cs.seconds;
+    }
     std::map<std::string, double> scalars = mon.step(st);
     if (aux_mode) scalars["loss/aux"] = aux_sum / static_cast<double>(n_micro);
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -825,7 +897,7 @@ struct Trainer::Impl {
       scalars["decision"] = static_cast<double>(dn);
       if (ranks > 1) {
         double bytes = 0, seconds = 0;
-        for (const auto& [name, cs] : comm->stats()) {
+        for (const auto& [name, cs] : step_comm()) {
           scalars["comm/" + name + "/bytes"] = cs.bytes;
           scalars["comm/" + name + "/seconds"] = cs.seconds;
           bytes += cs.bytes, seconds += cs.seconds;
@@ -850,6 +922,7 @@ struct Trainer::Impl {
   // Returns the evaluator's outcome (null without [eval]).
   const StageOutcome* end_stage(size_t i) {
     const StageSpec& sp = r.stages[i];
+    sync_experts();
     const double hl = heldout_loss(sp);
     stages.push_back({sp.name, step, hl});
     log(step, {{"heldout/loss", hl}, {"stage/end", static_cast<double>(i)}});
@@ -995,6 +1068,9 @@ void Trainer::set_quiet(bool quiet) {
 }
 const std::vector<StepRecord>& Trainer::history() const {
   return impl_->hist;
+}
+const std::map<std::string, dist::CollectiveStats>& Trainer::collective_totals() const {
+  return impl_->comm_totals;
 }
 const std::vector<StageResult>& Trainer::stage_results() const {
   return impl_->stages;

@@ -72,6 +72,9 @@ class Trainer {
   void set_quiet(bool quiet);
 
   const std::vector<StepRecord>& history() const;
+  // What this rank's collectives moved over the steps this process ran, by name (all groups:
+  // data, context and expert parallel).
+  const std::map<std::string, dist::CollectiveStats>& collective_totals() const;
   const std::vector<StageResult>& stage_results() const;
   int64_t step() const;
   bool finished() const;

@@ -779,8 +779,9 @@ TEST(Recipe, ErrorsNameTheKey) {
   EXPECT_NE(err("[model]\npreset = \"nope\"\n" + stage).find("model"), std::string::npos);
   EXPECT_NE(err(model + "[model.overrides]\nhidden_size = -3\n" + stage).find("model"),
             std::string::npos);
-  // [parallel]: what is not built is refused by name; the defaults take every rank, ZeRO-1.
-  EXPECT_NE(err(model + "[parallel]\nep = 2\n" + stage).find("parallel.ep"), std::string::npos);
+  // [parallel]: bad values and what is not built are refused by name; the defaults take every
+  // rank, ZeRO-1.
+  EXPECT_NE(err(model + "[parallel]\nep = 0\n" + stage).find("parallel.ep"), std::string::npos);
   EXPECT_NE(err(model + "[parallel]\ncp = 0\n" + stage).find("parallel.cp"), std::string::npos);
   EXPECT_NE(err(model + "[parallel]\nzero = 2\n" + stage).find("parallel.zero"), std::string::npos);
   EXPECT_NE(err(model + "[parallel]\npp = 2\n" + stage).find("parallel.pp"), std::string::npos);
@@ -801,6 +802,14 @@ TEST(Trainer, ParallelLayoutMustFitTheRanks) {
     FAIL() << "dp = 2 in one process was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.dp = 2 but 1 rank was started"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    Trainer t(Recipe::parse(micro_recipe(2, "") + "[parallel]\nep = 2\n"), temp_dir().string());
+    FAIL() << "ep = 2 in one process was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.ep = 2 does not divide the 1 data-parallel"),
               std::string::npos)
         << e.what();
   }
