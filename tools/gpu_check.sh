@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, for a machine with an NVIDIA GPU: configures a release build with the CUDA
 # backend, builds the test binaries and bench_cuda_gemm, runs the CUDA tests (the /cuda instances
-# of the op tests, the CudaBackend suite, the device checks), then the bf16 GEMM benchmark.
+# of the op tests, the CudaBackend suite, the device checks), the collectives and the data- and
+# expert-parallel trainer tests on NCCL (one rank per GPU), then the bf16 GEMM benchmark.
 # Logs go to $OUT when set (the device runner's output folder), else to the build folder.
 #
 #   tools/gpu_check.sh                    (MYRIAD_GPU_CHECK_ALL=1 runs every test, not only CUDA)
@@ -79,6 +80,27 @@ PY
   [ $status = 2 ] && status=1
 fi
 [ $status != 0 ] && grep -E "\*\*\*Failed|\*\*\*Exception|Timeout" "$logs/ctest.log" | head -60
+
+# NCCL: the communicator tests and the data- and expert-parallel trainer tests with every
+# collective on NCCL, one rank per GPU (NCCL refuses two ranks on one device: on a one-GPU
+# machine the trainer tests that need 2 ranks skip, and the communicator runs at one rank).
+if [ -f "$build/libmyriad_nccl.so" ] && command -v mpirun >/dev/null; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+  gpus=${gpus:-0}
+  [ "$gpus" -lt 1 ] && gpus=1
+  phase "NCCL collectives and trainer tests, $gpus rank(s)"
+  if ! OMP_NUM_THREADS=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    MYRIAD_COMM=nccl timeout 300 mpirun --oversubscribe -np "$gpus" \
+    -x OMP_NUM_THREADS -x MYRIAD_COMM "$build/test_dist" \
+    --gtest_filter='Comm.*:ExpertParallel.*:DataParallel.BitwiseEqualToOneProcess:DataParallel.CollectiveBytesMatchPlanner' \
+    >"$logs/nccl.log" 2>&1; then
+    status=1
+    grep -E "FAILED|Failure|error|backend" "$logs/nccl.log" | head -30
+  fi
+  grep -E "\[ Comm \] backend|PASSED|SKIPPED \]" "$logs/nccl.log" | sort -u | head -10
+else
+  echo "NCCL plugin or mpirun missing: the NCCL tests did not run"
+fi
 
 if [ -x "$build/bench_cuda_gemm" ]; then
   phase "bench_cuda_gemm"

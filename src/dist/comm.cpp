@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -220,16 +221,21 @@ std::string self_dir() {
   return ec ? std::string(".") : p.parent_path().string();
 }
 
-// Loads libmyriad_mpi.so: MYRIAD_MPI_PLUGIN, else beside the executable, else its parent folder,
-// else the build folder this binary came from.
-Comm* load_mpi() {
+// Loads a communicator plugin, libmyriad_<kind>.so ("mpi" or "nccl"): MYRIAD_<KIND>_PLUGIN,
+// else beside the executable, else its parent folder, else the build folder this binary came
+// from; its factory is myriad_<kind>_create.
+Comm* load_plugin(const std::string& kind) {
+  std::string upper = kind;
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::string file = "libmyriad_" + kind + ".so";
   std::vector<std::string> tried;
-  if (const char* p = std::getenv("MYRIAD_MPI_PLUGIN"); p && *p) tried.emplace_back(p);
+  if (const char* p = std::getenv(("MYRIAD_" + upper + "_PLUGIN").c_str()); p && *p)
+    tried.emplace_back(p);
   const std::string dir = self_dir();
-  tried.push_back(dir + "/libmyriad_mpi.so");
-  tried.push_back(dir + "/../libmyriad_mpi.so");
+  tried.push_back(dir + "/" + file);
+  tried.push_back(dir + "/../" + file);
 #ifdef MYRIAD_BUILD_DIR
-  tried.push_back(std::string(MYRIAD_BUILD_DIR) + "/libmyriad_mpi.so");
+  tried.push_back(std::string(MYRIAD_BUILD_DIR) + "/" + file);
 #endif
   std::string errors;
   for (const std::string& path : tried) {
@@ -240,17 +246,27 @@ Comm* load_mpi() {
       continue;
     }
     using Create = Comm* (*)();
-    auto create = reinterpret_cast<Create>(dlsym(h, "myriad_mpi_create"));
-    MYRIAD_CHECK(create, "dist: ", path, " has no myriad_mpi_create");
+    const std::string sym = "myriad_" + kind + "_create";
+    auto create = reinterpret_cast<Create>(dlsym(h, sym.c_str()));
+    MYRIAD_CHECK(create, "dist: ", path, " has no ", sym);
     return create();
   }
   std::string where;
   for (const auto& t : tried) where += "\n  " + t;
-  throw Error(
-      cat("dist: this process was started by an MPI launcher with ", launched_size(),
-          " ranks, but the MPI plugin libmyriad_mpi.so could not be loaded (build Myriad with "
-          "libopenmpi-dev installed: scripts/install-deps.sh). Looked in:",
-          where, errors.empty() ? "" : "\nErrors:", errors));
+  throw Error(cat("dist: this process was started by an MPI launcher with ", launched_size(),
+                  " ranks, but the ", kind, " plugin ", file, " could not be loaded (",
+                  kind == "nccl"
+                      ? "it is built with the CUDA toolkit's NCCL and libopenmpi-dev present"
+                      : "build Myriad with libopenmpi-dev installed: scripts/install-deps.sh",
+                  "). Looked in:", where, errors.empty() ? "" : "\nErrors:", errors));
+}
+
+// MYRIAD_COMM: "mpi" (the default) or "nccl".
+std::string comm_kind() {
+  const char* v = std::getenv("MYRIAD_COMM");
+  const std::string k = v && *v ? v : "mpi";
+  MYRIAD_CHECK(k == "mpi" || k == "nccl", "dist: MYRIAD_COMM=", k, " (expected mpi or nccl)");
+  return k;
 }
 }  // namespace
 
@@ -265,7 +281,12 @@ std::atomic<Comm*> g_world{nullptr};
 
 Comm& world() {
   static Comm* w = [] {
-    Comm* c = launched_size() <= 1 ? &single() : load_mpi();  // lives until exit
+    // NCCL also at one rank under a launcher (the smoke test of a one-GPU machine).
+    const std::string kind = comm_kind();
+    const int n = launched_size();
+    Comm* c = kind == "nccl" && n >= 1 ? load_plugin(kind)
+              : n <= 1                 ? &single()
+                                       : load_plugin(kind);  // lives until exit
     g_world = c;
     return c;
   }();

@@ -1,8 +1,9 @@
-// Communication between training processes (docs/DISTRIBUTED.md). One small interface, two
-// implementations: a single process (every collective is the identity) and MPI. The MPI one lives
-// in a plugin, libmyriad_mpi.so, loaded only when the process was started by an MPI launcher
-// (mpirun sets OMPI_COMM_WORLD_SIZE / PMI_SIZE / PMIX_RANK), so single-process runs never need
-// MPI at run time. Model code never sees this: the trainer applies parallelism from outside.
+// Communication between training processes (docs/DISTRIBUTED.md). One small interface, three
+// implementations: a single process (every collective is the identity), MPI and NCCL. MPI and
+// NCCL live in plugins, libmyriad_mpi.so and libmyriad_nccl.so, loaded only when the process was
+// started by an MPI launcher (mpirun sets OMPI_COMM_WORLD_SIZE / PMI_SIZE / PMIX_RANK), so
+// single-process runs never need MPI, CUDA or NCCL at run time. Model code never sees this: the
+// trainer applies parallelism from outside.
 //
 // Every collective is blocking and must be called by all ranks in the same order. Each call is
 // counted under a name (bytes each rank sends in the bandwidth-optimal ring or pairwise
@@ -30,7 +31,7 @@ class Comm {
   virtual ~Comm() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "single" or "mpi"
+  virtual std::string backend() const = 0;  // "single", "mpi" or "nccl"
 
   // Sum of every rank's `data` (n values) into `data` on all ranks, added in rank order after an
   // all-gather, so every rank gets the same bits (decisions taken on it agree). For small
@@ -89,7 +90,9 @@ class Comm {
 };
 
 // The process's communicator: MPI when started by an MPI launcher with more than one rank, else
-// a single process. Errors (the plugin missing, MPI_Init failing) name the cause.
+// a single process; with MYRIAD_COMM=nccl, NCCL under any launcher (one GPU per rank, host
+// buffers staged through the device). Errors (the plugin missing, MPI_Init failing) name the
+// cause.
 Comm& world();
 // world() if it has been created with more than one rank, else null (for error paths that must
 // not start MPI).
