@@ -102,9 +102,32 @@ CommBreakdown training_comm(const ModelConfig& c, const ParamCounts& pc, const H
     }
   }
 
-  // Context parallel. KDA (§4.5): one all-gather of each rank's segment transition M_i and
+  // Context parallel, Carry (the engine's): rank c hands rank c + 1 the decode state at its
+  // chunk's end (per KDA layer the f32 state S [H, d_k, d_v] and the conv tail [3P, K-1]; per MLA
+  // layer the latents [c ; k_pe] of the (c + 1) L tokens so far) and gets its gradient back.
+  // Per device: the mean over the cp ranks of a group.
+  if (l.cp > 1 && s.cp_mode == CpMode::Carry) {
+    const auto& lac = c.linear_attn_config;
+    const double P = static_cast<double>(lac.num_heads * lac.head_dim);
+    const double kda = static_cast<double>(lac.num_heads * lac.head_dim * lac.head_dim) * 4 +
+                       3 * P * static_cast<double>(lac.short_conv_kernel_size - 1) * act_bytes;
+    const double lat = static_cast<double>(c.kv_lora_rank + c.qk_rope_head_dim) * act_bytes;
+    const double L = static_cast<double>(s.seq / l.cp);
+    double hand = 0;  // bytes over the cp - 1 hand-offs of one sequence
+    for (int64_t k = 0; k + 1 < l.cp; ++k)
+      hand += kda_layers * kda + mla_layers * static_cast<double>(k + 1) * L * lat;
+    const double seqs = static_cast<double>(s.micro_batch);
+    CommItem it{"cp_state",
+                "chunk-end decode state rank to rank (KDA state, conv tail, MLA "
+                "latents so far), its gradient back",
+                l.cp, crosses(hw, l.cp, 1), 2 * hand / static_cast<double>(l.cp) * seqs * m};
+    it.seconds = it.bytes / (it.network ? hw.net_bw : hw.link_bw);
+    it.exposed = it.seconds;  // the chunks run one after another
+    add(it);
+  }
+  // Context parallel, Scan. KDA (§4.5): one all-gather of each rank's segment transition M_i and
   // zero-start state S̃_i (f32 [H, d_k, d_k] each), forward and backward, plus the conv tail.
-  if (l.cp > 1) {
+  if (l.cp > 1 && s.cp_mode == CpMode::Scan) {
     const auto& lac = c.linear_attn_config;
     const double H = lac.num_heads, dk = lac.head_dim, P = H * dk;
     const double seqs = static_cast<double>(s.micro_batch);

@@ -23,6 +23,11 @@ struct Layout {
 
 enum class Recompute : uint8_t { None, Full };
 enum class Optimizer : uint8_t { Muon, AdamW };
+// How context parallelism passes state between a sequence's chunks: Scan, a prefix scan of the
+// KDA segment transitions with the MLA latents all-gathered (what large layouts want); Carry,
+// the decode state handed rank to rank in chunk order and its gradient back (what the engine
+// runs today, docs/DISTRIBUTED.md).
+enum class CpMode : uint8_t { Scan, Carry };
 
 struct TrainSetup {
   Layout layout;
@@ -33,6 +38,7 @@ struct TrainSetup {
   Optimizer optimizer = Optimizer::Muon;
   bool bf16 = true;  // bf16 weights/activations + fp32 master; false: everything f32 (CPU)
   int zero = 1;      // 1: master + optimiser states sharded; 2: + gradients; 3: + weights
+  CpMode cp_mode = CpMode::Scan;
   // Micro-batches each pipeline runs per step, and tokens one rank holds per micro-batch.
   int64_t micro_batches() const { return batch / (layout.dp * micro_batch); }
   int64_t tokens_per_micro() const { return micro_batch * seq / layout.cp; }
