@@ -281,12 +281,11 @@ std::atomic<Comm*> g_world{nullptr};
 
 Comm& world() {
   static Comm* w = [] {
-    // NCCL also at one rank under a launcher (the smoke test of a one-GPU machine).
+    // A launcher started more than one rank; NCCL also at one (a one-GPU machine's smoke test).
     const std::string kind = comm_kind();
     const int n = launched_size();
-    Comm* c = kind == "nccl" && n >= 1 ? load_plugin(kind)
-              : n <= 1                 ? &single()
-                                       : load_plugin(kind);  // lives until exit
+    const bool plugin = n > 1 || (kind == "nccl" && n == 1);
+    Comm* c = plugin ? load_plugin(kind) : &single();  // lives until exit
     g_world = c;
     return c;
   }();

@@ -169,6 +169,12 @@ size_t Optimizer::sent_params(int r, int s) const {
   return n;
 }
 
+size_t Optimizer::sent_values(int r, int s) const {
+  size_t n = 0;
+  for_sent(r, s, [&](size_t i) { n += static_cast<size_t>(slots_[i].param.numel()) + 1; });
+  return n;
+}
+
 void Optimizer::distribute(dist::Comm* comm, bool zero, ExpertShards ep) {
   comm_ = comm, zero_ = zero;
   owner_.clear(), holder_.clear(), seg_.clear();
@@ -217,12 +223,8 @@ void Optimizer::layout() {
   params_.assign(static_cast<size_t>(W), 0);
   for (int r = 0; r < W; ++r) {
     const auto ur = static_cast<size_t>(r);
-    size_t flags = 0;
-    for_sent(r, me(), [&](size_t i) {
-      params_[ur] += static_cast<size_t>(slots_[i].param.numel());
-      ++flags;
-    });
-    seg_[ur + 1] = seg_[ur] + params_[ur] + flags;
+    params_[ur] = sent_params(r, me());
+    seg_[ur + 1] = seg_[ur] + sent_values(r, me());
   }
 }
 
@@ -332,10 +334,7 @@ void Optimizer::reduce_gradients() {
       }
       send_bytes[r] = n_local * counts[r] * sizeof(float);
       // What rank r sends here: its segment for this rank, once per stashed micro-batch.
-      from[r] = sent_params(static_cast<int>(me_), static_cast<int>(r));
-      size_t flags = 0;
-      for_sent(static_cast<int>(me_), static_cast<int>(r), [&](size_t) { ++flags; });
-      from[r] += flags;
+      from[r] = sent_values(static_cast<int>(me_), static_cast<int>(r));
       recv_bytes[r] = n_local * from[r] * sizeof(float);
       at[r + 1] = at[r] + n_local * from[r];
     }
@@ -366,7 +365,7 @@ void Optimizer::reduce_gradients() {
           flags.push_back(0.0);
           return;
         }
-        std::vector<float>& dst = holder_.empty() || holder_[i] < 0 ? shared : expert;
+        std::vector<float>& dst = everywhere(i) ? shared : expert;
         dst.insert(dst.end(), packed.begin() + static_cast<std::ptrdiff_t>(off),
                    packed.begin() + static_cast<std::ptrdiff_t>(off + n));
         (&dst == &shared ? sh[ur] : ex[ur / static_cast<size_t>(ep_)]) += n;
@@ -384,7 +383,7 @@ void Optimizer::reduce_gradients() {
     size_t off = 0, flag = params_[me_], s_at = 0, e_at = 0, k = flag_at[me_];
     for_owned(static_cast<int>(me_), [&](size_t i) {
       const auto n = static_cast<size_t>(slots_[i].param.numel());
-      const bool is_shared = holder_.empty() || holder_[i] < 0;
+      const bool is_shared = everywhere(i);
       const float* src = is_shared ? shared_sum.data() + s_at : expert_sum.data() + e_at;
       std::memcpy(mine_sum.data() + off, src, n * sizeof(float));
       (is_shared ? s_at : e_at) += n;
@@ -443,8 +442,7 @@ void Optimizer::sync_experts() {
   if (!replicas_) return;
   NoGradGuard ng;
   gather_weights(
-      *comm_, "ep_sync_experts", [&](size_t i) { return holder_[i] >= 0; },
-      [](int k) { return k; });
+      *comm_, "ep_sync_experts", [&](size_t i) { return !everywhere(i); }, [](int k) { return k; });
 }
 
 std::map<std::string, Tensor> Optimizer::owned_state_dict() const {
@@ -528,8 +526,8 @@ void Optimizer::step(double lr) {
   // ZeRO-1: every owner's updated weights to every rank that runs them: the parameters every
   // rank runs over all ranks, an expert's over its replicas (member k of replicas_ is world rank
   // k * ep + rank % ep).
-  const auto shared = [&](size_t i) { return holder_.empty() || holder_[i] < 0; };
-  gather_weights(*comm_, "dp_all_gather", shared, [](int k) { return k; });
+  gather_weights(
+      *comm_, "dp_all_gather", [&](size_t i) { return everywhere(i); }, [](int k) { return k; });
   if (replicas_) {
     const int e = me() % ep_;
     gather_weights(

@@ -116,9 +116,9 @@ class Optimizer {
   // The rank that owns parameter i (0 in one process).
   int owner(size_t i) const { return owner_.empty() ? 0 : owner_[i]; }
   // Rank r runs parameter i (every rank but for other ranks' experts under expert parallel).
-  bool has(int r, size_t i) const {
-    return holder_.empty() || holder_[i] < 0 || r % ep_ == holder_[i];
-  }
+  bool has(int r, size_t i) const { return everywhere(i) || r % ep_ == holder_[i]; }
+  // Every rank runs parameter i (all but the routed experts under expert parallel).
+  bool everywhere(size_t i) const { return holder_.empty() || holder_[i] < 0; }
   int me() const { return sharded() ? comm_->rank() : 0; }
   std::vector<double> slot_sum_squares() const;
   void layout();
@@ -134,6 +134,8 @@ class Optimizer {
   void for_sent(int r, int s, F&& f) const;
   // Gradient values rank s sends rank r (its flags follow them).
   size_t sent_params(int r, int s) const;
+  // The whole segment rank s sends rank r: the gradient values and one flag per parameter.
+  size_t sent_values(int r, int s) const;
   // The updated weights of owners' parameters selected by `pick`, all-gathered over `c` whose
   // member k is world rank rank_of(k).
   template <class Pick, class RankOf>

@@ -797,22 +797,17 @@ TEST(Recipe, ErrorsNameTheKey) {
 // before any training, with the reason.
 TEST(Trainer, ParallelLayoutMustFitTheRanks) {
   OneThread one_thread;
-  try {
-    Trainer t(Recipe::parse(micro_recipe(2, "") + "[parallel]\ndp = 2\n"), temp_dir().string());
-    FAIL() << "dp = 2 in one process was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.dp = 2 but 1 rank was started"),
-              std::string::npos)
-        << e.what();
-  }
-  try {
-    Trainer t(Recipe::parse(micro_recipe(2, "") + "[parallel]\nep = 2\n"), temp_dir().string());
-    FAIL() << "ep = 2 in one process was accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.ep = 2 does not divide the 1 data-parallel"),
-              std::string::npos)
-        << e.what();
-  }
+  const auto refused = [](const std::string& parallel, const std::string& why) {
+    try {
+      Trainer t(Recipe::parse(micro_recipe(2, "") + "[parallel]\n" + parallel),
+                temp_dir().string());
+      ADD_FAILURE() << parallel << " in one process was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused("dp = 2\n", "parallel.dp = 2 but 1 rank was started");
+  refused("ep = 2\n", "parallel.ep = 2 does not divide the 1 data-parallel");
 }
 
 TEST(Recipe, TinyCpuRecipeParses) {

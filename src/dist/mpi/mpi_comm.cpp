@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "dist/mpi/mpi_init.h"
 
 namespace myriad::dist {
 namespace {
@@ -31,17 +32,7 @@ constexpr size_t kPiece = static_cast<size_t>(INT_MAX) / 8;
 class MpiComm final : public Comm {
  public:
   MpiComm() {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-      int provided = 0;
-      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "Init");
-      std::atexit([] {
-        int fin = 0;
-        MPI_Finalized(&fin);
-        if (!fin) MPI_Finalize();
-      });
-    }
+    init_mpi_once();
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "dist/mpi/mpi_init.h"
 
 namespace myriad::dist {
 namespace {
@@ -74,17 +75,7 @@ class Scratch {
 class NcclComm final : public Comm {
  public:
   NcclComm() {
-    int inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-      int provided = 0;
-      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "Init");
-      std::atexit([] {
-        int fin = 0;
-        MPI_Finalized(&fin);
-        if (!fin) MPI_Finalize();
-      });
-    }
+    init_mpi_once();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     int devices = 0;
