@@ -22,11 +22,28 @@ cmake --build --preset release -j "${MYRIAD_JOBS:-2}"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 myriad=build/release/myriad
 $myriad selfcheck
+# Pretraining and chat SFT run data-parallel: `mpirun -np 2` ranks, each with all the threads
+# (passive OpenMP waits; an idle rank yields in MPI), so the short stages split their
+# micro-batches over the ranks and the 16K stage (one sequence per step) still has both cores.
+# Losses and weights have the same bits as one process with as many threads (deterministic mode,
+# docs/DISTRIBUTED.md). Step-time speed-ups over one process on 2 cores: 1.66x / 1.56x / 1.13x /
+# 0.82x at 256 / 1K / 4K / 16K (docs/PERFORMANCE.md). MYRIAD_RANKS=1 trains in one process.
+ranks=${MYRIAD_RANKS:-2}
+command -v mpirun >/dev/null || ranks=1
+train() {
+  if [ "$ranks" -gt 1 ]; then
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 \
+      mpirun -np "$ranks" --oversubscribe --bind-to none -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
+      -x OMPI_MCA_mpi_yield_when_idle $myriad train "$@"
+  else
+    $myriad train "$@"
+  fi
+}
 
 run=runs/tiny-curriculum-$(date +%Y%m%d-%H%M%S)
 start=$(date +%s)
-$myriad train configs/recipes/tiny-curriculum.toml --out "$run"
-$myriad train configs/recipes/tiny-curriculum-nobalancer.toml --out "$run/nobalancer" |
+train configs/recipes/tiny-curriculum.toml --out "$run"
+train configs/recipes/tiny-curriculum-nobalancer.toml --out "$run/nobalancer" |
   grep -v '^\[' || true  # its summary, without the per-step lines
 $myriad report "$run" --contrast "$run/nobalancer" --contrast-label "no balancing"
 echo "training and evals took $(( ($(date +%s) - start) / 60 )) min $(( ($(date +%s) - start) % 60 )) s"
@@ -40,7 +57,7 @@ for split in train heldout; do
   $myriad agent-eval "$run/model" --env dictionary --split $split --tasks 100 --k 1 \
     --json "$run/eval-dictionary-$split-base.json" | sed 's/^/before post-training: /'
 done
-$myriad train configs/recipes/tiny-posttrain-sft.toml --init "$run/model" --out "$run/sft" |
+train configs/recipes/tiny-posttrain-sft.toml --init "$run/model" --out "$run/sft" |
   grep -v '^\[' || true
 $myriad rl configs/recipes/tiny-posttrain-rl.toml --init "$run/sft/model" --out "$run/rl" |
   grep -v '^\[rl\]' || true

@@ -82,10 +82,8 @@ void Balancer::observe(const Tensor& scores_Nn, const Tensor& selected_Nk, const
 
   const std::vector<double> b = bias.defined() ? host_bias(bias, n_) : b_;
   const std::vector<double> s = scores_Nn.to_doubles();
-  if (first) {  // the range R = [b_min − 1, b_max + 1] of this step's margins (§3.2)
-    const auto [mn, mx] = std::minmax_element(b.begin(), b.end());
-    lo_ = *mn - 1.0;
-    w_ = (*mx - *mn + 2.0) / static_cast<double>(c_.bins);
+  if (first) {
+    set_range(b);
     if (exact_)
       marg_.assign(n_, {});
     else
@@ -135,8 +133,16 @@ void Balancer::quantile_update(std::vector<double>& b) {
   centre(b);  // the EMA of centred vectors is centred; this removes rounding drift too
 }
 
-void Balancer::all_reduce(dist::Comm& c) {
+// The range R = [b_min − 1, b_max + 1] of this step's margins (§3.2).
+void Balancer::set_range(const std::vector<double>& b) {
+  const auto [mn, mx] = std::minmax_element(b.begin(), b.end());
+  lo_ = *mn - 1.0;
+  w_ = (*mx - *mn + 2.0) / static_cast<double>(c_.bins);
+}
+
+void Balancer::all_reduce(dist::Comm& c, const Tensor& bias) {
   if (c.size() == 1) return;
+  if (m_ == 0 && c_.mode == "quantile") set_range(bias.defined() ? host_bias(bias, n_) : b_);
   MYRIAD_CHECK(!exact_,
                "balancer: the exact quantile mode keeps every margin; it does not run "
                "data parallel");

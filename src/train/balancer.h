@@ -43,9 +43,11 @@ class Balancer {
   void load_state(const nlohmann::json& j);
 
   // Data parallel: sums the step's accumulators (counts, tokens, the §3.2 histogram) over the
-  // ranks, so update() decides on the global batch (one all-reduce; the histogram range depends
-  // only on the bias, which every rank shares). Not for set_exact(true).
-  void all_reduce(dist::Comm& c);
+  // ranks, so update() decides on the global batch (one all-reduce). The histogram range depends
+  // only on the bias, which every rank shares: a rank that saw no tokens this step (fewer
+  // micro-batches than ranks) takes it from `bias`, as observe() would have. Not for
+  // set_exact(true).
+  void all_reduce(dist::Comm& c, const Tensor& bias);
 
   void set_exact(bool on) { exact_ = on; }
   // Accumulated since the last update: per-expert counts and tokens m.
@@ -57,6 +59,7 @@ class Balancer {
 
  private:
   void quantile_update(std::vector<double>& b);
+  void set_range(const std::vector<double>& b);
   BalancerConfig c_;
   int64_t n_, k_, m_ = 0, updates_ = 0;
   bool exact_ = false;

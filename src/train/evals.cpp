@@ -80,12 +80,11 @@ EvalGrid run_grid(const model::Decoder& m, const data::Tokenizer& tok, const Eva
         prompts.push_back(items.back().tokens);
       }
   const auto t0 = std::chrono::steady_clock::now();
-  const auto done = greedy_completions(m, tok, prompts, cfg.segment, cfg.max_new_tokens,
-                                       cfg.cache_budget_bytes, cfg.allow_sliding);
+  const auto done = shared_completions(m, tok, prompts, cfg);
   g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   g.cache_bytes_peak = done.cache_bytes_peak;
-  for (const auto& p : prompts) g.prompt_tokens += static_cast<int64_t>(p.size());
   const auto& outs = done.tokens;
+  for (const auto& p : prompts) g.prompt_tokens += static_cast<int64_t>(p.size());
   double total = 0;
   size_t k = 0;
   for (size_t li = 0; li < cfg.lengths.size(); ++li) {
@@ -194,6 +193,48 @@ Completions greedy_completions(const model::Decoder& m, const data::Tokenizer& t
                  " tokens) ended with ", errors[i]);
   c.cache_bytes_peak = engine.stats().cache_bytes_peak;
   return c;
+}
+
+// The others' answers come as a table of rows (count, token + 1, ...), exact in doubles.
+Completions shared_completions(const model::Decoder& m, const data::Tokenizer& tok,
+                               const std::vector<std::vector<int32_t>>& prompts,
+                               const EvalConfig& cfg) {
+  if (cfg.shards <= 1)
+    return greedy_completions(m, tok, prompts, cfg.segment, cfg.max_new_tokens,
+                              cfg.cache_budget_bytes, cfg.allow_sliding);
+  MYRIAD_CHECK(cfg.sum && cfg.shard >= 0 && cfg.shard < cfg.shards, "eval: shard ", cfg.shard,
+               " of ", cfg.shards, " needs a sum over the processes");
+  std::vector<std::vector<int32_t>> mine;
+  for (size_t i = static_cast<size_t>(cfg.shard); i < prompts.size();
+       i += static_cast<size_t>(cfg.shards))
+    mine.push_back(prompts[i]);
+  Completions done;
+  if (!mine.empty())
+    done = greedy_completions(m, tok, mine, cfg.segment, cfg.max_new_tokens, cfg.cache_budget_bytes,
+                              cfg.allow_sliding);
+  const size_t row = static_cast<size_t>(cfg.max_new_tokens) + 1;  // count, then the tokens
+  std::vector<double> table(prompts.size() * row, 0.0);
+  for (size_t j = 0; j < mine.size(); ++j) {
+    double* r =
+        table.data() + (static_cast<size_t>(cfg.shard) + j * static_cast<size_t>(cfg.shards)) * row;
+    r[0] = static_cast<double>(done.tokens[j].size());
+    for (size_t k = 0; k < done.tokens[j].size(); ++k) r[1 + k] = done.tokens[j][k] + 1.0;
+  }
+  // Then one cache peak per process; the largest is taken.
+  std::vector<double> peaks(static_cast<size_t>(cfg.shards), 0.0);
+  peaks[static_cast<size_t>(cfg.shard)] = static_cast<double>(done.cache_bytes_peak);
+  table.insert(table.end(), peaks.begin(), peaks.end());
+  cfg.sum(table);
+  Completions all;
+  all.tokens.resize(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const double* r = table.data() + i * row;
+    for (size_t k = 0; k < static_cast<size_t>(r[0]); ++k)
+      all.tokens[i].push_back(static_cast<int32_t>(r[1 + k] - 1.0));
+  }
+  all.cache_bytes_peak =
+      static_cast<int64_t>(*std::max_element(table.end() - cfg.shards, table.end()));
+  return all;
 }
 
 CopyLosses induction_probe(const model::Decoder& m, const std::vector<int32_t>& alphabet, int64_t n,
@@ -354,6 +395,7 @@ EvalConfig StageEvaluator::config_for(int64_t stage_len) const {
   c.depths = r_.depths;
   c.seeds = static_cast<int>(r_.seeds);
   c.segment = r_.segment;
+  c.shard = shard_, c.shards = shards_, c.sum = sum_;
   return c;
 }
 

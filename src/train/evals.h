@@ -12,6 +12,7 @@
 // 4 seeds takes 1-2 s; prefill runs at about 6-12K tokens/s up to 16K tokens.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -35,6 +36,11 @@ struct EvalConfig {
   // Past the budget the MLA cache slides (a window of pages per layer, KDA state whole): constant
   // memory at any length. false: an item that does not fit the budget is an error.
   bool allow_sliding = false;
+  // Items shared out over processes (data-parallel ranks): this one runs items i with
+  // i % shards == shard, and `sum` (an element-wise sum over the processes, an all-reduce) gives
+  // every process every item's answer. The grids are then the same everywhere.
+  int shard = 0, shards = 1;
+  std::function<void(std::vector<double>&)> sum;
 };
 // Lengths {L/8, L/4, L/2, L, 2L} for stage length L (§6), the other fields at their defaults.
 EvalConfig grid_for_stage(int64_t stage_len);
@@ -86,6 +92,12 @@ Completions greedy_completions(const model::Decoder& m, const data::Tokenizer& t
                                const std::vector<std::vector<int32_t>>& prompts, int64_t segment,
                                int max_new, int64_t cache_budget_bytes = 4ll << 30,
                                bool allow_sliding = false);
+// greedy_completions with cfg's segment, max_new_tokens, budget and sliding, shared out over
+// processes when cfg.shards > 1 (every process calls it with the same prompts): this one runs its
+// share and cfg.sum brings the others' answers. The cache peak is the largest any process saw.
+Completions shared_completions(const model::Decoder& m, const data::Tokenizer& tok,
+                               const std::vector<std::vector<int32_t>>& prompts,
+                               const EvalConfig& cfg);
 
 // Induction probe: `rows` rows of n tokens drawn uniformly from `alphabet`, each followed by the
 // same n tokens again. The mean next-token loss on the first copy (its tokens 2..n) and on the
@@ -144,6 +156,11 @@ class StageEvaluator {
   // The grid config for a stage length (lengths stage_len × factors ≤ max_length, deduplicated,
   // at least 16 tokens).
   EvalConfig config_for(int64_t stage_len) const;
+  // Shares the items out over processes (EvalConfig::shard, shards, sum); every process calls
+  // evaluate() together.
+  void share(int shard, int shards, std::function<void(std::vector<double>&)> sum) {
+    shard_ = shard, shards_ = shards, sum_ = std::move(sum);
+  }
   StageOutcome evaluate(const model::Decoder& m, const data::Tokenizer& tok,
                         const std::string& stage, int64_t seq_len, int64_t step,
                         double heldout_loss, bool unresolved_spike);
@@ -157,6 +174,8 @@ class StageEvaluator {
  private:
   EvalRecipe r_;
   uint64_t seed_;
+  int shard_ = 0, shards_ = 1;
+  std::function<void(std::vector<double>&)> sum_;
   std::vector<StageOutcome> done_;
 };
 

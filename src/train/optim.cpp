@@ -305,7 +305,7 @@ void Optimizer::add_segment(int q, const float* x, float* acc) const {
   });
 }
 
-void Optimizer::reduce_gradients() {
+void Optimizer::reduce_gradients(int64_t micro_batches, int64_t group) {
   NoGradGuard ng;
   if (stash_.empty() && !sharded()) return;
   layout();
@@ -319,11 +319,19 @@ void Optimizer::reduce_gradients() {
     stash_.clear();
     return;
   }
-  if (!stash_.empty()) {
+  if (micro_batches > 0) {
     // Deterministic: every stashed micro-batch's slice to its owner (one all-to-all), summed
-    // there in the global micro-batch order (rank q's j-th is micro-batch j * W + q).
-    const size_t n_local = stash_.size();
-    std::vector<float> send(n_local * seg_.back());
+    // there in the global micro-batch order. Ranks deal micro-batches in groups of `group` (context
+    // parallel: the chunk ranks of one data-parallel rank share its micro-batches): rank r holds
+    // ceil((n - r / group) / (W / group)) of them, the j-th being micro-batch j * (W / group) + r /
+    // group.
+    const auto n_micro = static_cast<size_t>(micro_batches), grp = static_cast<size_t>(group);
+    MYRIAD_CHECK(group >= 1 && W % group == 0, "optimizer: group ", group, " of ", W, " ranks");
+    const size_t dealt = static_cast<size_t>(W) / grp;  // (possibly none)
+    const auto held = [&](size_t q) { return (n_micro + dealt - 1 - q / grp) / dealt; };
+    MYRIAD_CHECK(stash_.size() == held(me_), "optimizer: ", stash_.size(),
+                 " stashed micro-batches on rank ", me_, ", expected ", held(me_), " of ", n_micro);
+    std::vector<float> send(stash_.size() * seg_.back());
     std::vector<size_t> send_bytes(static_cast<size_t>(W)), recv_bytes(static_cast<size_t>(W));
     std::vector<size_t> from(static_cast<size_t>(W)), at(static_cast<size_t>(W) + 1, 0);
     size_t off = 0;
@@ -332,19 +340,19 @@ void Optimizer::reduce_gradients() {
         std::memcpy(send.data() + off, g.data() + seg_[r], counts[r] * sizeof(float));
         off += counts[r];
       }
-      send_bytes[r] = n_local * counts[r] * sizeof(float);
-      // What rank r sends here: its segment for this rank, once per stashed micro-batch.
+      send_bytes[r] = stash_.size() * counts[r] * sizeof(float);
+      // What rank r sends here: its segment for this rank, once per micro-batch it stashed.
       from[r] = sent_values(static_cast<int>(me_), static_cast<int>(r));
-      recv_bytes[r] = n_local * from[r] * sizeof(float);
-      at[r + 1] = at[r] + n_local * from[r];
+      recv_bytes[r] = held(r) * from[r] * sizeof(float);
+      at[r + 1] = at[r] + held(r) * from[r];
     }
     stash_.clear();
     std::vector<float> recv(at.back());
     comm_->all_to_all("dp_all_to_all_grads", send.data(), send_bytes, recv.data(), recv_bytes);
-    for (size_t m = 0; m < static_cast<size_t>(W) * n_local; ++m) {
-      const size_t q = m % static_cast<size_t>(W), j = m / static_cast<size_t>(W);
-      add_segment(static_cast<int>(q), recv.data() + at[q] + j * from[q], mine_sum.data());
-    }
+    for (size_t j = 0; j < held(0); ++j)
+      for (size_t q = 0; q < static_cast<size_t>(W); ++q)
+        if (j < held(q))
+          add_segment(static_cast<int>(q), recv.data() + at[q] + j * from[q], mine_sum.data());
   } else {
     // The gradients in reduce-scatters (the bytes the planner predicts): the parameters every
     // rank runs over all ranks, an expert's over the ranks that run it; the "has a gradient"

@@ -87,11 +87,14 @@ class Optimizer {
   // Deterministic accumulation: called after each micro-batch's backward, it moves the
   // gradients aside; reduce_gradients() then adds them up on their owners in the global
   // micro-batch order (the trainer deals micro-batches round-robin: rank q's j-th is micro-batch
-  // j * ranks + q), one all-to-all. The sums, norms and updates then have the same bits at any
-  // number of ranks, a single process included. Without it: local accumulation and one
+  // j * ranks + q, so ranks may hold different counts, or none), one all-to-all;
+  // micro_batches is the step's global count of stashed micro-batches (0: nothing was stashed,
+  // the gradients were accumulated in place); `group` consecutive ranks share one dealing slot
+  // (context parallel's chunk ranks). The sums, norms and updates then have the same bits
+  // at any number of ranks, a single process included. Without it: local accumulation and one
   // reduce-scatter (the summation order then depends on the ranks).
   void stash_gradients();
-  void reduce_gradients();
+  void reduce_gradients(int64_t micro_batches = 0, int64_t group = 1);
   // state_dict() of the whole optimizer: under ZeRO-1 the owners' moments are all-gathered (a
   // collective every rank must call); otherwise state_dict().
   std::map<std::string, Tensor> gathered_state_dict() const;

@@ -61,11 +61,12 @@ struct EvalRecipe {
 
 // [parallel] (docs/DISTRIBUTED.md): the layout over the ranks mpirun started, dp x cp of them.
 // dp = 0: world size / cp; a non-zero dp must equal it. Each optimiser step's micro-batches are
-// dealt round-robin to the dp groups, so a step sees the same global batch at any dp
-// (micro_batches must divide by dp). cp > 1: each sequence is split into cp chunks, one per rank
-// of a group, with the decode state passed rank to rank (segment_len must be 0 or seq_len / cp).
-// ep > 1: each group of ep consecutive data-parallel ranks shares out the routed experts of every
-// MoE layer (ep divides dp and the expert count; not with cp > 1 or image rows).
+// dealt round-robin to the dp groups, so a step sees the same global batch at any dp (a rank may
+// get one fewer, or none; with ep > 1 micro_batches must divide by dp). Stage-end evaluations and
+// held-out batches are shared out over all ranks too. cp > 1: each sequence is split into cp
+// chunks, one per rank of a group, with the decode state passed rank to rank (segment_len must be 0
+// or seq_len / cp). ep > 1: each group of ep consecutive data-parallel ranks shares out the routed
+// experts of every MoE layer (ep divides dp and the expert count; not with cp > 1 or image rows).
 // zero = 1: ZeRO-1 (optimizer state sharded by parameter); 0: replicated. A collective waiting
 // longer than timeout_s ends the job with a message (unset: the MYRIAD_COMM_TIMEOUT_S environment
 // variable, else 600 s).

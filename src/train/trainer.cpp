@@ -356,10 +356,13 @@ struct Trainer::Impl {
                  " but ", ranks, " rank", ranks == 1 ? " was" : "s were", " started with cp = ", cp,
                  " (mpirun -np N sets the ranks; dp = 0 takes them all)");
     for (const StageSpec& sp : r.stages) {
-      MYRIAD_CHECK(sp.micro_batches() % dps == 0, "stage ", sp.name, ": ", sp.micro_batches(),
-                   " micro-batches per step do not divide over ", dps,
-                   " data-parallel ranks (tokens_per_step / (batch_size * seq_len) must be a "
-                   "multiple of dp)");
+      // Uneven dealing is allowed (a rank may get one micro-batch fewer, or none: the 16K stage
+      // of a curriculum has one per step); expert parallel runs collectives inside every
+      // micro-batch, so its ranks must get the same number.
+      MYRIAD_CHECK(r.parallel.ep <= 1 || sp.micro_batches() % dps == 0, "stage ", sp.name, ": ",
+                   sp.micro_batches(), " micro-batches per step do not divide over ", dps,
+                   " data-parallel ranks, which expert parallel needs (tokens_per_step / "
+                   "(batch_size * seq_len) must be a multiple of dp)");
       MYRIAD_CHECK(cp == 1 || (sp.seq_len % cp == 0 &&
                                (sp.segment_len == 0 || sp.segment_len == sp.seq_len / cp)),
                    "stage ", sp.name, ": context parallel splits seq_len ", sp.seq_len, " into ",
@@ -468,8 +471,14 @@ struct Trainer::Impl {
     ckpt.emplace(path(r.checkpoint_dir), r.keep_last);
     if (rank == 0 && (r.log_jsonl || r.log_html)) report.emplace(out.string());
     if (rank == 0 && r.log_tensorboard) events.emplace((out / "tensorboard").string());
-    if (r.eval.enabled)
+    if (r.eval.enabled) {
       evaluator.emplace(r.eval, r.seed + 0x9e3779b97f4a7c15ull);  // not training's
+      // Every rank runs its share of the items; one all-reduce gives all ranks every answer.
+      if (ranks > 1)
+        evaluator->share(rank, ranks, [this](std::vector<double>& v) {
+          comm->all_reduce_sum("eval_answers", v.data(), v.size());
+        });
+    }
     tty = isatty(fileno(stdout)) != 0;
   }
 
@@ -631,18 +640,26 @@ struct Trainer::Impl {
     last_saved = s.step;
   }
 
+  // The held-out batches are dealt over the ranks like training's micro-batches; one all-reduce
+  // of the per-batch losses (zeros elsewhere), then the sum in batch order: the bits of one
+  // process.
   double heldout_loss(const StageSpec& sp) const {
     NoGradGuard ng;
     data::TokenStream hs(stream_dir, "heldout", r.seed);
-    double sum = 0;
+    std::vector<double> losses(static_cast<size_t>(r.heldout_batches), 0.0);
     for (int64_t i = 0; i < r.heldout_batches; ++i) {
       // SFT: the loss of the assistant's tokens (the mask), on rows that start at conversations.
       const bool sft = r.corpus == "sft";
       const data::Batch b = hs.next(sp.batch_size, sp.seq_len, sft);
-      sum += sequence_loss(fw(), b.input_ids, b.labels, sp.segment_len, false, {}, false,
-                           sft ? b.loss_weights : Tensor())
-                 .item();
+      if (i % ranks != rank) continue;
+      losses[static_cast<size_t>(i)] =
+          sequence_loss(fw(), b.input_ids, b.labels, sp.segment_len, false, {}, false,
+                        sft ? b.loss_weights : Tensor())
+              .item();
     }
+    if (ranks > 1) comm->all_reduce_sum("heldout_losses", losses.data(), losses.size());
+    double sum = 0;
+    for (double l : losses) sum += l;
     return sum / static_cast<double>(r.heldout_batches);
   }
 
@@ -817,7 +834,8 @@ struct Trainer::Impl {
           poison ? std::numeric_limits<double>::quiet_NaN() : value - aux_mb;
       mb_loss[static_cast<size_t>(n_micro + mb)] = aux_mb;
     }
-    opt->reduce_gradients();  // to their owners (and, deterministic, in micro-batch order)
+    // To their owners (deterministic: the stashed micro-batches, in micro-batch order).
+    opt->reduce_gradients(r.deterministic ? n_micro : 0, cp);
     // Each micro-batch's loss comes from one data-parallel group (its chunks from the cp ranks):
     // the sum over ranks is exact without cp, and the total is taken in micro-batch order.
     if (ranks > 1) comm->all_reduce_sum("dp_loss_all_reduce", mb_loss.data(), mb_loss.size());
@@ -834,7 +852,7 @@ struct Trainer::Impl {
     const double lr = lr_at(r.schedule, step) * sp.lr_scale;
     if (dn == Decision::Apply) opt->step(lr);
     for (auto& [l, bl] : bal) {
-      bl.all_reduce(*comm);  // the global batch's counts and histogram
+      bl.all_reduce(*comm, dec->selection_bias(l));  // the global batch's counts, histogram
       LayerRouting lr_stats;
       lr_stats.layer = l;
       lr_stats.counts = bl.counts();

@@ -3,7 +3,8 @@
 // all ranks run the distributed trainer, then rank 0 runs the same recipe in one process
 // (dist::single()) and compares; the verdict is broadcast so every rank reports it.
 //   - deterministic (the default): losses, gradient norms, weights and optimizer state are
-//     bit-identical to one process, with ZeRO-1 and with replicated optimizer state;
+//     bit-identical to one process, with ZeRO-1 and with replicated optimizer state, also when
+//     the micro-batches do not divide over the ranks;
 //   - a checkpoint written at one world size resumes at another (and in one process) and
 //     continues bit-identically;
 //   - deterministic = false (local accumulation, one reduce-scatter): within 1e-6 relative;
@@ -19,7 +20,9 @@
 #include <string>
 #include <vector>
 
+#include "core/autograd.h"
 #include "core/error.h"
+#include "data/tokenizer.h"
 #include "dist/comm.h"
 #include "model/decoder.h"
 #include "ops/ops.h"
@@ -27,6 +30,7 @@
 #include "plan/hardware.h"
 #include "plan/params.h"
 #include "train/checkpoint.h"
+#include "train/evals.h"
 #include "train/expert_parallel.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -147,6 +151,8 @@ data_mix = "long"
 struct Outcome {
   std::vector<StepRecord> history;
   std::map<std::string, Tensor> weights;
+  std::vector<StageResult> stages;
+  std::vector<StageOutcome> evals;
 };
 
 Outcome train(const std::string& text, const fs::path& out, Comm* comm, int64_t stop = -1,
@@ -155,7 +161,7 @@ Outcome train(const std::string& text, const fs::path& out, Comm* comm, int64_t 
   t.set_quiet(true);
   if (stop >= 0) t.stop_after(stop);
   t.run(resume);
-  return {t.history(), t.decoder().weights().tensors()};
+  return {t.history(), t.decoder().weights().tensors(), t.stage_results(), t.stage_outcomes()};
 }
 
 // Rank 0's list of differences, broadcast: every rank fails or passes together.
@@ -278,6 +284,98 @@ TEST(DataParallel, ResumeAtAnotherWorldSize) {
   expect_none(d);
 }
 
+// Micro-batches that do not divide over the ranks: 3 per step in the first stage and 1 in the
+// second (so at 2 ranks one rank trains 2 and the other 1, then 1 and none; at 4 ranks one rank
+// idles in every step). Still bit-identical to one process, with ZeRO-1 and without. The
+// stage-end evaluations (items shared out over the ranks) and held-out losses (3 batches, dealt
+// like micro-batches) equal one process's too.
+TEST(DataParallel, UnevenMicroBatchesEqualOneProcess) {
+  OneThread one;
+  for (const char* zero : {"zero = 1", "zero = 0"}) {
+    std::string text = recipe(3, 2, "", zero) + R"(
+[eval]
+tasks = ["passkey", "mk_niah"]
+length_factors = [0.5, 1.0]
+depths = [0.0, 1.0]
+)";
+    text.replace(text.find("heldout_batches = 2"), 19, "heldout_batches = 3");
+    for (const auto& [from, to] :
+         {std::pair<std::string, std::string>{"tokens_per_step = 512", "tokens_per_step = 192"},
+          {"tokens_per_step = 2048", "tokens_per_step = 256"}}) {
+      const size_t at = text.find(from);
+      ASSERT_NE(at, std::string::npos) << from;
+      text.replace(at, from.size(), to);
+    }
+    const fs::path dp_dir = test_dir(cat("dp-", zero[7])), one_dir = test_dir("one");
+    const Outcome dp = train(text, dp_dir, &world());
+    std::vector<std::string> d;
+    if (world().rank() == 0) {
+      const Outcome ref = train(text, one_dir, &dist::single());
+      d = compare_bitwise(dp, ref);
+      if (dp.history.size() != 5) d.push_back(cat("ran ", dp.history.size(), " steps, not 5"));
+      if (dp.stages.size() != 2 || ref.stages.size() != 2)
+        d.push_back(cat(dp.stages.size(), " and ", ref.stages.size(), " stage ends, not 2"));
+      for (size_t i = 0; i < std::min(dp.stages.size(), ref.stages.size()); ++i)
+        if (dp.stages[i].heldout_loss != ref.stages[i].heldout_loss)
+          d.push_back(cat("stage ", i, " held-out loss ", dp.stages[i].heldout_loss, " vs ",
+                          ref.stages[i].heldout_loss));
+      if (dp.evals.size() != 2 || ref.evals.size() != 2)
+        d.push_back(cat(dp.evals.size(), " and ", ref.evals.size(), " evaluations, not 2"));
+      for (size_t i = 0; i < std::min(dp.evals.size(), ref.evals.size()); ++i)
+        for (size_t t = 0; t < ref.evals[i].grids.size(); ++t)
+          if (t >= dp.evals[i].grids.size() ||
+              dp.evals[i].grids[t].accuracy != ref.evals[i].grids[t].accuracy ||
+              dp.evals[i].grids[t].prompt_tokens != ref.evals[i].grids[t].prompt_tokens)
+            d.push_back(cat("stage ", i, " ", ref.evals[i].grids[t].task, " grid differs"));
+    }
+    world().barrier("compare");
+    SCOPED_TRACE(cat(zero, ", ", world().size(), " ranks"));
+    expect_none(d);
+  }
+}
+
+// The stage-end evaluation's answers shared out over the ranks (shared_completions) equal one
+// process's greedy_completions, token for token, for prompts of different lengths (more prompts
+// than ranks, and fewer).
+TEST(DataParallel, SharedCompletionsEqualOneProcess) {
+  OneThread one;
+  train(recipe(1, 0), test_dir("data"), &world());  // the job's tokenizer
+  NoGradGuard ng;
+  const data::Tokenizer tok = data::Tokenizer::load((job_dir() / "data" / "tok.model").string());
+  model::ModelConfig c = model::tiny();
+  c.vocab_size = tok.vocab_size();
+  c.num_hidden_layers = 2;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.moe_intermediate_size = 32;
+  c.linear_attn_config.kda_layers = {1};
+  c.linear_attn_config.full_attn_layers = {2};
+  c.validate();
+  const model::Decoder m = model::Decoder::random(c, 5);
+  for (const size_t n : {size_t{7}, size_t{1}}) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < n; ++i)
+      prompts.push_back(
+          tok.encode(cat("number ", i, " is ", std::string(3 + 9 * i, 'a' + i % 26))));
+    EvalConfig cfg;
+    cfg.segment = 16, cfg.max_new_tokens = 6;
+    cfg.shard = world().rank(), cfg.shards = world().size();
+    cfg.sum = [](std::vector<double>& v) { world().all_reduce_sum("answers", v.data(), v.size()); };
+    const Completions shared = shared_completions(m, tok, prompts, cfg);
+    std::vector<std::string> d;
+    if (world().rank() == 0) {
+      const Completions alone = greedy_completions(m, tok, prompts, 16, 6);
+      if (shared.tokens != alone.tokens) d.push_back(cat(n, " prompts: the answers differ"));
+      size_t total = 0;
+      for (const auto& t : alone.tokens) total += t.size();
+      if (total == 0) d.push_back("no tokens generated: nothing compared");
+      if (shared.cache_bytes_peak <= 0) d.push_back("no cache peak");
+    }
+    world().barrier("compare");
+    expect_none(d);
+  }
+}
+
 // Without the deterministic order the gradients are accumulated locally and reduce-scattered:
 // the sums round differently, within 1e-6 relative over the first steps.
 TEST(DataParallel, ReduceScatterWithinTolerance) {
@@ -332,7 +430,7 @@ TEST(ContextParallel, EqualsOneProcessSegmentedRun) {
     Trainer t(Recipe::parse(cp_text), cp_dir.string(), &world());
     t.set_quiet(true);
     t.run();
-    const Outcome cpr{t.history(), t.decoder().weights().tensors()};
+    const Outcome cpr{t.history(), t.decoder().weights().tensors(), {}, {}};
     double bytes =
         t.collective_totals().count("cp_state") ? t.collective_totals().at("cp_state").bytes : 0.0;
     world().all_reduce_sum("test", &bytes, 1);
@@ -479,6 +577,13 @@ TEST(ExpertParallel, ModuleEqualsUnshardedExperts) {
     // The experts' GEMMs see other rows beside a token's (the kernel's blocking changes with the
     // row count): equal to f32 rounding, not bitwise.
     EXPECT_LE(max_rel(logits[1], logits[0]), 1e-5) << "logits";
+    // Per tensor, within 1e-4 of its largest gradient, or 1e-7 of the model's largest: a few
+    // tensors (the first KDA layer's decay parameters) get gradients of about 1e-10 of the
+    // largest, all f32 rounding noise from the experts' differently blocked sums (seen on an AVX2
+    // machine; AVX-512's blocking happened to round alike).
+    double largest = 0;
+    for (const auto& [name, g0] : grads[0])
+      for (double v : g0) largest = std::max(largest, std::abs(v));
     int experts_seen = 0;
     for (const auto& [name, g0] : grads[0]) {
       const std::vector<double>& g1 = grads[1][name];
@@ -486,7 +591,8 @@ TEST(ExpertParallel, ModuleEqualsUnshardedExperts) {
       for (size_t i = 0; i < g0.size(); ++i)
         m0 = std::max(m0, std::abs(g0[i])), d = std::max(d, std::abs(g0[i] - g1[i]));
       experts_seen += name.find(".experts.") != std::string::npos && m0 > 0;
-      EXPECT_LE(d, 1e-4 * m0 + 1e-12) << name << ": gradient max |diff| " << d << " of " << m0;
+      EXPECT_LE(d, 1e-4 * m0 + 1e-7 * largest) << name << ": gradient max |diff| " << d << " of "
+                                               << m0 << " (largest " << largest << ")";
     }
     EXPECT_GT(experts_seen, 0);
   }
@@ -506,7 +612,7 @@ TEST(ExpertParallel, TrainingEqualsOneProcess) {
   Trainer t(Recipe::parse(text), ep_dir.string(), &world());
   t.set_quiet(true);
   t.run();
-  const Outcome epr{t.history(), t.decoder().weights().tensors()};
+  const Outcome epr{t.history(), t.decoder().weights().tensors(), {}, {}};
   double got[2] = {0, 0};
   for (const auto& [name, s] : t.collective_totals()) {
     if (name == "ep_dispatch") got[0] += s.bytes;
