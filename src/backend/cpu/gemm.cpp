@@ -10,6 +10,7 @@
 // reaches (bench_gemm's 1x65536x512^T row).
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <exception>
@@ -332,8 +333,48 @@ void* thread_scratch(size_t bytes) {
   return buf.p;
 }
 
+// Elements from an operand's first to one past its last (rows x cols stored with leading
+// dimension ld, batch of them stride apart).
+size_t span(int64_t batch, int64_t rows, int64_t cols, bool trans, int64_t ld, int64_t stride) {
+  const int64_t r = trans ? cols : rows, c = trans ? rows : cols;
+  return static_cast<size_t>((batch - 1) * stride + (r - 1) * ld + c);
+}
+
+void onednn(const GemmArgs& g);
+
+// CPUs without a bf16 matmul in oneDNN (AVX2 without AVX-512 BF16 or AVX-NE-CONVERT): the bf16
+// operands are widened to f32 (exactly), multiplied in f32 with the same layout and rounded back;
+// the gaps between rows make the round trip unchanged.
+void onednn_bf16_via_f32(const GemmArgs& g) {
+  const auto widen = [](const void* src, size_t n) {
+    std::vector<float> out(n);
+    const auto* h = static_cast<const uint16_t*>(src);
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_load(h[i]);
+    return out;
+  };
+  const size_t na = span(g.batch, g.m, g.k, g.trans_a, g.lda, g.stride_a);
+  const size_t nb = span(g.batch, g.k, g.n, g.trans_b, g.ldb, g.stride_b);
+  const size_t nc = span(g.batch, g.m, g.n, false, g.ldc, g.stride_c);
+  std::vector<float> a = widen(g.a, na), b = widen(g.b, nb), c = widen(g.c, nc);
+  GemmArgs f = g;
+  f.dtype = DType::F32, f.a = a.data(), f.b = b.data(), f.c = c.data();
+  onednn(f);
+  auto* h = static_cast<uint16_t*>(g.c);
+  for (size_t i = 0; i < nc; ++i) h[i] = bf16_store(c[i]);
+}
+
 void onednn(const GemmArgs& g) {
-  Bound& b = bound_for(g);
+  static std::atomic<bool> no_bf16{false};
+  if (g.dtype == DType::BF16 && no_bf16.load()) return onednn_bf16_via_f32(g);
+  Bound* bp = nullptr;
+  try {
+    bp = &bound_for(g);
+  } catch (const dnnl::error&) {
+    if (g.dtype != DType::BF16) throw;
+    no_bf16.store(true);
+    return onednn_bf16_via_f32(g);
+  }
+  Bound& b = *bp;
   const size_t scratch = b.e->scratch.get_size();
   b.args[DNNL_ARG_SCRATCHPAD].set_data_handle(scratch ? thread_scratch(scratch) : nullptr);
   b.args[DNNL_ARG_SRC].set_data_handle(const_cast<void*>(g.a));
