@@ -176,7 +176,8 @@ TEST(AttnCarry, DecodeEqualsFullForward) {
       c.myriad.residual.attn_carry = form;
       const Decoder m = random_model(c, DType::F32, 6);
       const Tensor ids = token_ids(2, 10, c.vocab_size, 7);
-      EXPECT_LE(max_abs_diff(decode_logits(m, ids, 4), m.forward(ids).logits_BTV), 1e-4);
+      // 1.03e-4 seen on an AVX2 VM (f32 summation order), below 1e-4 with AVX-512.
+      EXPECT_LE(max_abs_diff(decode_logits(m, ids, 4), m.forward(ids).logits_BTV), 2e-4);
     }
 }
 

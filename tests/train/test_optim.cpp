@@ -250,7 +250,9 @@ TEST(Muon, ExpertTensorsArePerMatrix) {
     set_grad(we, vals({gv.begin() + e * 24, gv.begin() + (e + 1) * 24}, {4, 6}));
     oe.step(0.05);
     const auto blk = we.to_floats();
-    for (int64_t i = 0; i < 24; ++i) EXPECT_FLOAT_EQ(full[e * 24 + i], blk[i]);
+    // Equal to f32 rounding (a few ulps on AVX2, where the batched and single products block
+    // differently).
+    for (int64_t i = 0; i < 24; ++i) EXPECT_NEAR(full[e * 24 + i], blk[i], 1e-7);
   }
 }
 
