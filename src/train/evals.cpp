@@ -83,8 +83,8 @@ EvalGrid run_grid(const model::Decoder& m, const data::Tokenizer& tok, const Eva
   const auto done = shared_completions(m, tok, prompts, cfg);
   g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   g.cache_bytes_peak = done.cache_bytes_peak;
-  const auto& outs = done.tokens;
   for (const auto& p : prompts) g.prompt_tokens += static_cast<int64_t>(p.size());
+  const auto& outs = done.tokens;
   double total = 0;
   size_t k = 0;
   for (size_t li = 0; li < cfg.lengths.size(); ++li) {

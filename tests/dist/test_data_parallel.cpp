@@ -342,16 +342,9 @@ TEST(DataParallel, SharedCompletionsEqualOneProcess) {
   train(recipe(1, 0), test_dir("data"), &world());  // the job's tokenizer
   NoGradGuard ng;
   const data::Tokenizer tok = data::Tokenizer::load((job_dir() / "data" / "tok.model").string());
-  model::ModelConfig c = model::tiny();
-  c.vocab_size = tok.vocab_size();
-  c.num_hidden_layers = 2;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
-  c.moe_intermediate_size = 32;
-  c.linear_attn_config.kda_layers = {1};
-  c.linear_attn_config.full_attn_layers = {2};
-  c.validate();
-  const model::Decoder m = model::Decoder::random(c, 5);
+  // The recipe's model (one KDA and one MLA layer), untrained.
+  const model::Decoder m =
+      model::Decoder::random(Recipe::parse(recipe(1, 0)).model(tok.vocab_size()), 5);
   for (const size_t n : {size_t{7}, size_t{1}}) {
     std::vector<std::vector<int32_t>> prompts;
     for (size_t i = 0; i < n; ++i)
