@@ -87,6 +87,16 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(ops::concat(parts, 0).to_doubles(), v.to_doubles());
 }
 
+TEST(Tensor, EmptyShapesAreContiguous) {
+  // A zero dimension anywhere leaves nothing to lay out; contiguous() must not copy (the fuzzer
+  // found a [2, 0, 3] tensor from a safetensors file that asked for a copy kernel).
+  for (const Shape& s : {Shape{2, 0, 3}, Shape{0}, Shape{0, 5}, Shape{4, 0}}) {
+    Tensor t = Tensor::empty(s);
+    EXPECT_TRUE(t.is_contiguous()) << shape_str(s);
+    EXPECT_EQ(t.contiguous().data_ptr(), t.data_ptr());
+  }
+}
+
 TEST(Tensor, CastsAndTransfers) {
   Tensor t = Tensor::from_doubles(std::vector<double>{1.5, -2.25, 3.0}, {3});
   EXPECT_EQ(t.to(DType::BF16).to(DType::F64).to_doubles(), (std::vector<double>{1.5, -2.25, 3.0}));
