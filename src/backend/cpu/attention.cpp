@@ -32,68 +32,78 @@ int64_t round16(int64_t n) {
 }
 
 // ---- tile products ----
-using v16 = float __attribute__((vector_size(64)));
 
-// C[MR x 16·NV] (+)= A[MR x K] · B[K x 16·NV]; A is addressed as A[r·as + k·ak], B and C by rows.
-template <int MR, int NV>
+// C[MR x W·NV] (+)= A[MR x K] · B[K x W·NV] in W-lane vectors; A is addressed as
+// A[r·as + k·ak], B and C by rows. Every element sums over k in order, whatever W.
+template <int W, int MR, int NV>
 MYRIAD_ROW_INLINE void micro(int64_t K, const float* A, int64_t as, int64_t ak, const float* B,
                              int64_t ldb, float* C, int64_t ldc, bool acc) {
-  v16 c[MR][NV];
+  using V = typename Lanes<W>::F;
+  V c[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) {
-      c[r][v] = v16{};
-      if (acc) __builtin_memcpy(&c[r][v], C + r * ldc + 16 * v, sizeof(v16));
+      c[r][v] = V{};
+      if (acc) __builtin_memcpy(&c[r][v], C + r * ldc + W * v, sizeof(V));
     }
   for (int64_t k = 0; k < K; ++k) {
-    v16 b[NV];
-    for (int v = 0; v < NV; ++v) __builtin_memcpy(&b[v], B + k * ldb + 16 * v, sizeof(v16));
+    V b[NV];
+    for (int v = 0; v < NV; ++v) __builtin_memcpy(&b[v], B + k * ldb + W * v, sizeof(V));
     for (int r = 0; r < MR; ++r) {
       const float a = A[r * as + k * ak];
       for (int v = 0; v < NV; ++v) c[r][v] += a * b[v];
     }
   }
   for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) __builtin_memcpy(C + r * ldc + 16 * v, &c[r][v], sizeof(v16));
+    for (int v = 0; v < NV; ++v) __builtin_memcpy(C + r * ldc + W * v, &c[r][v], sizeof(V));
 }
 
-template <int MR>
+template <int W, int MR>
 MYRIAD_ROW_INLINE void micro_nv(int nv, int64_t K, const float* A, int64_t as, int64_t ak,
                                 const float* B, int64_t ldb, float* C, int64_t ldc, bool acc) {
   switch (nv) {
     case 4:
-      return micro<MR, 4>(K, A, as, ak, B, ldb, C, ldc, acc);
+      return micro<W, MR, 4>(K, A, as, ak, B, ldb, C, ldc, acc);
     case 3:
-      return micro<MR, 3>(K, A, as, ak, B, ldb, C, ldc, acc);
+      return micro<W, MR, 3>(K, A, as, ak, B, ldb, C, ldc, acc);
     case 2:
-      return micro<MR, 2>(K, A, as, ak, B, ldb, C, ldc, acc);
+      return micro<W, MR, 2>(K, A, as, ak, B, ldb, C, ldc, acc);
     default:
-      return micro<MR, 1>(K, A, as, ak, B, ldb, C, ldc, acc);
+      return micro<W, MR, 1>(K, A, as, ak, B, ldb, C, ldc, acc);
   }
 }
 
-// C[M x N] (+)= A[M x K] · B[K x N] with N a multiple of 16: 4-row x 64-column register blocks.
-MYRIAD_CPU_CLONES void tile_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t as,
-                                 int64_t ak, const float* B, int64_t ldb, float* C, int64_t ldc,
-                                 bool acc) {
-  for (int64_t j = 0; j < N; j += 64) {
-    const int nv = static_cast<int>(std::min<int64_t>(4, (N - j) / 16));
+// C[M x N] (+)= A[M x K] · B[K x N] with N a multiple of 16, in register blocks of 4 rows x
+// 4 vectors (64 columns) with 16 lanes (16 of AVX-512's 32 registers), 4 rows x 2 vectors
+// (16 columns) with 8 (8 of AVX2's 16).
+template <int W>
+MYRIAD_CPU_CLONES void tile_gemm_w(int64_t M, int64_t N, int64_t K, const float* A, int64_t as,
+                                   int64_t ak, const float* B, int64_t ldb, float* C, int64_t ldc,
+                                   bool acc) {
+  constexpr int kMaxNv = W == 16 ? 4 : 2;
+  for (int64_t j = 0; j < N; j += W * kMaxNv) {
+    const int nv = static_cast<int>(std::min<int64_t>(kMaxNv, (N - j) / W));
     int64_t r = 0;
     for (; r + 4 <= M; r += 4)
-      micro_nv<4>(nv, K, A + r * as, as, ak, B + j, ldb, C + r * ldc + j, ldc, acc);
+      micro_nv<W, 4>(nv, K, A + r * as, as, ak, B + j, ldb, C + r * ldc + j, ldc, acc);
     const float* a = A + r * as;
     float* c = C + r * ldc + j;
     switch (M - r) {
       case 3:
-        micro_nv<3>(nv, K, a, as, ak, B + j, ldb, c, ldc, acc);
+        micro_nv<W, 3>(nv, K, a, as, ak, B + j, ldb, c, ldc, acc);
         break;
       case 2:
-        micro_nv<2>(nv, K, a, as, ak, B + j, ldb, c, ldc, acc);
+        micro_nv<W, 2>(nv, K, a, as, ak, B + j, ldb, c, ldc, acc);
         break;
       case 1:
-        micro_nv<1>(nv, K, a, as, ak, B + j, ldb, c, ldc, acc);
+        micro_nv<W, 1>(nv, K, a, as, ak, B + j, ldb, c, ldc, acc);
         break;
     }
   }
+}
+void tile_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t as, int64_t ak,
+               const float* B, int64_t ldb, float* C, int64_t ldc, bool acc) {
+  with_lanes(
+      [&](auto w) { tile_gemm_w<decltype(w)::value>(M, N, K, A, as, ak, B, ldb, C, ldc, acc); });
 }
 
 // ---- row helpers ----

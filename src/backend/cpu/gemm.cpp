@@ -156,7 +156,7 @@ void scale_c(const GemmArgs& g) {
 // same order whatever m is and wherever row r sits, so a sequence decoded in a batch gets bit
 // for bit the logits it gets alone (tests/infer BatchedDecode).
 constexpr int64_t kMaxRows = 16;  // larger products (prefill) go to oneDNN
-constexpr int kLanes = 16;        // one AVX-512 register of f32 partial sums per product
+constexpr int kLanes = 16;        // f32 partial sums per product (one zmm, two ymm)
 constexpr int kTile = 4;          // tiles of up to 4 rows of B x 4 rows of A (16 accumulators)
 
 inline void store(float* p, float v, float beta) {
@@ -166,65 +166,73 @@ inline void store(uint16_t* p, float v, float beta) {
   *p = bf16_store(beta == 0.0f ? v : v + beta * bf16_load(*p));
 }
 
-// Sixteen f32 lanes (one AVX-512 register; two AVX2 ones), in GCC's vector extension so the
-// arithmetic is lane-wise by construction.
-using F16 = float __attribute__((vector_size(64)));
-using U16 = uint32_t __attribute__((vector_size(64)));
-using H16 = uint16_t __attribute__((vector_size(32)));
-
-// Loads write through a reference: a function returning a 64-byte vector would change the ABI
-// between the clones.
-inline void load16(F16& v, const float* p) {
+// Loads of W f32 lanes (cpu.h's Lanes) write through a reference: a function returning a vector
+// would change the ABI between the clones.
+template <int W>
+inline void load_lanes(typename Lanes<W>::F& v, const float* p) {
   std::memcpy(&v, p, sizeof v);
 }
-inline void load16(F16& v, const uint16_t* p) {
-  H16 h;
+template <int W>
+inline void load_lanes(typename Lanes<W>::F& v, const uint16_t* p) {
+  using U = typename Lanes<W>::U;
+  typename Lanes<W>::H h;
   std::memcpy(&h, p, sizeof h);
-  const U16 u = __builtin_convertvector(h, U16) << 16;
+  const U u = __builtin_convertvector(h, U) << 16;
   std::memcpy(&v, &u, sizeof v);
 }
-// The last n < 16 elements, zero-padded.
-template <class T>
-inline void load_tail(F16& v, const T* p, int64_t n) {
+// kLanes elements from p as kLanes / W vectors; the last n < kLanes elements zero-padded.
+template <int W, class T>
+inline void load16(typename Lanes<W>::F* v, const T* p) {
+  for (int q = 0; q < kLanes / W; ++q) load_lanes<W>(v[q], p + q * W);
+}
+template <int W, class T>
+inline void load_tail(typename Lanes<W>::F* v, const T* p, int64_t n) {
   T buf[kLanes] = {};
   std::memcpy(buf, p, static_cast<size_t>(n) * sizeof(T));
-  load16(v, buf);
+  load16<W>(v, buf);
 }
 
-// out[jj * ldo + r] = x[r] . w[jj] for a tile of J rows of B and R rows of A: lane l of each
-// accumulator sums the products i = l mod 16 in order, with the same vector expression in every
-// tile shape (so the same fused multiply-adds), then its lanes are added in a fixed order. The
-// tile changes which loads are shared, never a sum.
-template <class T, int J, int R>
+// out[jj * ldo + r] = x[r] . w[jj] for a tile of J rows of B and R rows of A: lane l of the
+// accumulators (16 of them, as kLanes / W vectors of W lanes) sums the products i = l mod 16 in
+// order, with the same vector expression in every tile shape and vector width (so the same
+// fused multiply-adds), then the 16 lanes are added in a fixed order. The tile and the width
+// change which loads are shared, never a sum.
+template <class T, int J, int R, int W>
 MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, int64_t k, float* out) {
-  F16 acc[J][R] = {};
+  using V = typename Lanes<W>::F;
+  constexpr int N = kLanes / W;
+  V acc[J][R][N] = {};
   int64_t i = 0;
-  F16 wv[J] = {}, xv = {};
+  V wv[J][N] = {}, xv[N] = {};
   for (; i + kLanes <= k; i += kLanes) {
-    for (int jj = 0; jj < J; ++jj) load16(wv[jj], w[jj] + i);
+    for (int jj = 0; jj < J; ++jj) load16<W>(wv[jj], w[jj] + i);
     for (int r = 0; r < R; ++r) {
-      load16(xv, x[r] + i);
-      for (int jj = 0; jj < J; ++jj) acc[jj][r] += xv * wv[jj];
+      load16<W>(xv, x[r] + i);
+      for (int jj = 0; jj < J; ++jj)
+        for (int q = 0; q < N; ++q) acc[jj][r][q] += xv[q] * wv[jj][q];
     }
   }
   if (i < k) {
-    for (int jj = 0; jj < J; ++jj) load_tail(wv[jj], w[jj] + i, k - i);
+    for (int jj = 0; jj < J; ++jj) load_tail<W>(wv[jj], w[jj] + i, k - i);
     for (int r = 0; r < R; ++r) {
-      load_tail(xv, x[r] + i, k - i);
-      for (int jj = 0; jj < J; ++jj) acc[jj][r] += xv * wv[jj];
+      load_tail<W>(xv, x[r] + i, k - i);
+      for (int jj = 0; jj < J; ++jj)
+        for (int q = 0; q < N; ++q) acc[jj][r][q] += xv[q] * wv[jj][q];
     }
   }
   for (int jj = 0; jj < J; ++jj)
     for (int r = 0; r < R; ++r) {
-      float s = 0;
-      for (int l = 0; l < kLanes; ++l) s += acc[jj][r][l];
+      float lanes[kLanes], s = 0;
+      std::memcpy(lanes, acc[jj][r], sizeof lanes);
+      for (int l = 0; l < kLanes; ++l) s += lanes[l];
       out[jj * kTile + r] = s;
     }
 }
 
-template <class T, size_t... I>
+template <class T, int W, size_t... I>
 constexpr auto dots_table(std::index_sequence<I...>) {
-  return std::array{&dots<T, static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1)>...};
+  return std::array{
+      &dots<T, static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1), W>...};
 }
 
 // C[r, j] for j in [j0, j1) from x (m rows of k f32), in tiles of up to 4 x 4. One row of B at a
@@ -233,7 +241,9 @@ constexpr auto dots_table(std::index_sequence<I...>) {
 template <class T>
 void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, T* c, int64_t ldc, int64_t m,
                 int64_t k, int64_t j0, int64_t j1, float alpha, float beta) {
-  static constexpr auto table = dots_table<T>(std::make_index_sequence<kTile * kTile>{});
+  static constexpr auto wide = dots_table<T, 16>(std::make_index_sequence<kTile * kTile>{});
+  static constexpr auto narrow = dots_table<T, 8>(std::make_index_sequence<kTile * kTile>{});
+  const auto& table = wide_vectors() ? wide : narrow;
   const int64_t tile_j = m == 1 ? 1 : kTile;
   for (int64_t j = j0; j < j1; j += tile_j) {
     const int64_t nj = std::min(tile_j, j1 - j);

@@ -15,6 +15,7 @@
 // and the pairwise terms of M and P (with E_ri = exp(G_r - G_i)) give dK, dQ and dG; dg is the
 // reverse in-chunk cumsum of dG.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "backend/cpu/cpu.h"
@@ -30,28 +31,34 @@ int64_t pad16(int64_t n) {
   return (n + 15) / 16 * 16;
 }
 
-// 16 floats as one GCC vector (one zmm on AVX-512, two ymm on AVX2); aligned(4) so it can be
-// loaded from any float address.
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-
 // c[m, n] = (acc ? c : 0) + sum_{p < kk} A(i, p) b[p, :], with A(i, p) = a[i * sai + p * sap]
-// (so a row-major A or a transposed one). m % 8 == 0 and n % 16 == 0. Each 8 x 16 tile of c
-// stays in registers over the whole p loop.
-MYRIAD_CPU_CLONES void mm(int64_t m, int64_t n, int64_t kk, const float* __restrict a, int64_t sai,
-                          int64_t sap, const float* __restrict b, int64_t ldb, float* __restrict c,
-                          int64_t ldc, bool acc) {
+// (so a row-major A or a transposed one). m % 8 == 0 and n % 16 == 0. Each 8 x W tile of c
+// stays in registers over the whole p loop (W lanes: cpu.h's Lanes); every element sums over p
+// in order, whatever W.
+template <int W>
+MYRIAD_CPU_CLONES void mm_w(int64_t m, int64_t n, int64_t kk, const float* __restrict a,
+                            int64_t sai, int64_t sap, const float* __restrict b, int64_t ldb,
+                            float* __restrict c, int64_t ldc, bool acc) {
+  using V = typename Lanes<W>::F;
   for (int64_t i0 = 0; i0 < m; i0 += 8)
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-      v16 t[8];
-      for (int ii = 0; ii < 8; ++ii)
-        t[ii] = acc ? *reinterpret_cast<const v16*>(c + (i0 + ii) * ldc + j0) : v16{};
+    for (int64_t j0 = 0; j0 < n; j0 += W) {
+      V t[8];
+      for (int ii = 0; ii < 8; ++ii) {
+        t[ii] = V{};
+        if (acc) std::memcpy(&t[ii], c + (i0 + ii) * ldc + j0, sizeof(V));
+      }
       const float* ap = a + i0 * sai;
       for (int64_t p = 0; p < kk; ++p) {
-        const v16 bp = *reinterpret_cast<const v16*>(b + p * ldb + j0);
+        V bp;
+        std::memcpy(&bp, b + p * ldb + j0, sizeof bp);
         for (int ii = 0; ii < 8; ++ii) t[ii] += ap[ii * sai + p * sap] * bp;
       }
-      for (int ii = 0; ii < 8; ++ii) *reinterpret_cast<v16*>(c + (i0 + ii) * ldc + j0) = t[ii];
+      for (int ii = 0; ii < 8; ++ii) std::memcpy(c + (i0 + ii) * ldc + j0, &t[ii], sizeof(V));
     }
+}
+void mm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t sai, int64_t sap, const float* b,
+        int64_t ldb, float* c, int64_t ldc, bool acc) {
+  with_lanes([&](auto w) { mm_w<decltype(w)::value>(m, n, kk, a, sai, sap, b, ldb, c, ldc, acc); });
 }
 
 // dst[j, i] = src[i, j] for a rows x cols source (leading dimensions given).
@@ -110,15 +117,18 @@ void store(const float* src, int64_t ld, int64_t rows, int64_t n, float mul, Ten
 constexpr int64_t kBlk = 16;
 
 // Direct block: rows [r0, r1) against columns [i0, i0 + 16). KT, GT, LT are K and G = GT + LT
-// transposed ([k, Cp]), so the inner loop is one 16-wide vector over i.
-MYRIAD_CPU_CLONES void pair_sums_direct(int64_t r0, int64_t r1, int64_t i0, int64_t k, int64_t cp,
-                                        int64_t kp, const float* __restrict Q,
-                                        const float* __restrict Kc, const float* __restrict G,
-                                        const float* __restrict Gl, const float* __restrict KT,
-                                        const float* __restrict GT, const float* __restrict LT,
-                                        float* __restrict M, float* __restrict P) {
+// transposed ([k, Cp]), so the inner loop runs in W-lane vectors over i.
+template <int W>
+MYRIAD_CPU_CLONES void pair_sums_direct_w(int64_t r0, int64_t r1, int64_t i0, int64_t k, int64_t cp,
+                                          int64_t kp, const float* __restrict Q,
+                                          const float* __restrict Kc, const float* __restrict G,
+                                          const float* __restrict Gl, const float* __restrict KT,
+                                          const float* __restrict GT, const float* __restrict LT,
+                                          float* __restrict M, float* __restrict P) {
+  using V = typename Lanes<W>::F;
+  constexpr int kN = static_cast<int>(kBlk / W);
   for (int64_t r = r0; r < r1; ++r) {
-    v16 mr{}, pr{};  // the row's 16 sums stay in registers over d
+    V mr[kN] = {}, pr[kN] = {};  // the row's 16 sums stay in registers over d
     for (int64_t d = 0; d < k; ++d) {
       const float gr = G[r * kp + d], lr = Gl[r * kp + d];
       const float* gt = GT + d * cp + i0;
@@ -129,15 +139,28 @@ MYRIAD_CPU_CLONES void pair_sums_direct(int64_t r0, int64_t r1, int64_t i0, int6
         const float x = i0 + j <= r ? (gr - gt[j]) + (lr - lt[j]) : -100.0f;
         ke[j] = kt[j] * fast_exp(x);
       }
-      const v16 kv = *reinterpret_cast<const v16*>(ke);
-      mr += Kc[r * kp + d] * kv;
-      pr += Q[r * kp + d] * kv;
+      for (int v = 0; v < kN; ++v) {
+        V kv;
+        std::memcpy(&kv, ke + v * W, sizeof kv);
+        mr[v] += Kc[r * kp + d] * kv;
+        pr[v] += Q[r * kp + d] * kv;
+      }
     }
+    float ms[kBlk], ps[kBlk];
+    std::memcpy(ms, mr, sizeof ms);
+    std::memcpy(ps, pr, sizeof ps);
     for (int64_t j = 0; j < kBlk; ++j) {
-      M[r * cp + i0 + j] = i0 + j < r ? mr[j] : 0.0f;
-      P[r * cp + i0 + j] = i0 + j <= r ? pr[j] : 0.0f;
+      M[r * cp + i0 + j] = i0 + j < r ? ms[j] : 0.0f;
+      P[r * cp + i0 + j] = i0 + j <= r ? ps[j] : 0.0f;
     }
   }
+}
+void pair_sums_direct(int64_t r0, int64_t r1, int64_t i0, int64_t k, int64_t cp, int64_t kp,
+                      const float* Q, const float* Kc, const float* G, const float* Gl,
+                      const float* KT, const float* GT, const float* LT, float* M, float* P) {
+  with_lanes([&](auto w) {
+    pair_sums_direct_w<decltype(w)::value>(r0, r1, i0, k, cp, kp, Q, Kc, G, Gl, KT, GT, LT, M, P);
+  });
 }
 
 // The left factors of block row a against reference row (ref, refl): EL = exp(G_r - R),

@@ -1,4 +1,5 @@
-// How the OpenMP runtime waits, read once (see threads_sleep in cpu.h).
+// How the OpenMP runtime waits and how wide the CPU's vectors are, read once (see cpu.h).
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <string>
@@ -15,6 +16,24 @@ bool threads_sleep() {
     return s == "passive";
   }();
   return sleep;
+}
+
+namespace {
+std::atomic<int> forced_lanes{0};
+}
+bool wide_vectors() {
+  static const bool avx512 = [] {
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    return __builtin_cpu_supports("avx512f") != 0;
+#else
+    return false;  // no target clones here: the baseline code has no 64-byte registers either
+#endif
+  }();
+  const int forced = forced_lanes.load(std::memory_order_relaxed);
+  return forced ? forced == 16 : avx512;
+}
+void force_lanes(int w) {
+  forced_lanes.store(w, std::memory_order_relaxed);
 }
 
 }  // namespace myriad::cpu

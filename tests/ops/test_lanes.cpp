@@ -1,0 +1,64 @@
+// The hand-written CPU kernels (flash attention, KDA, the few-row GEMM) run 16-lane vectors on
+// AVX-512 CPUs and 8-lane ones elsewhere (backend/cpu/cpu.h, Lanes). Every sum keeps its order
+// whatever the width, so both widths must give the same bits: forward and backward, f32 and bf16.
+#include "backend/cpu/cpu.h"
+#include "ops/attention.h"
+#include "ops/kda.h"
+#include "ops/matmul.h"
+#include "tests/ops/op_test.h"
+
+namespace myriad::testing {
+namespace {
+
+// f(leaves) run with 8 and with 16 lanes: the output and every leaf's gradient, bit for bit.
+void expect_same_bits(const std::string& what, const std::vector<Tensor>& inputs,
+                      const std::function<Tensor(const std::vector<Tensor>&)>& f) {
+  std::vector<std::vector<double>> runs;
+  for (int w : {8, 16}) {
+    cpu::force_lanes(w);
+    std::vector<Tensor> x;
+    for (const Tensor& t : inputs) x.push_back(t.detach().clone().requires_grad_());
+    Tensor y = f(x);
+    y.backward(randn(y.shape(), 5).to(y.dtype()));
+    runs.push_back(y.to_doubles());
+    for (const Tensor& t : x) {
+      std::vector<double> g = t.grad().to_doubles();
+      runs.back().insert(runs.back().end(), g.begin(), g.end());
+    }
+  }
+  cpu::force_lanes(0);
+  ASSERT_EQ(runs[0].size(), runs[1].size()) << what;
+  size_t differ = 0;
+  for (size_t i = 0; i < runs[0].size(); ++i) differ += runs[0][i] != runs[1][i];
+  EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << runs[0].size() << " values differ";
+}
+
+TEST(VectorWidth, AttentionKdaAndFewRowGemmGiveTheSameBits) {
+  for (DType t : {DType::F32, DType::BF16}) {
+    const auto in = [&](const Shape& s, uint64_t seed) { return randn(s, seed).to(t); };
+    // GQA with 3 rows per kv head, 70 keys (a partial tile), Dk 40 and Dv 24 (padded to 48 / 32).
+    expect_same_bits(cat("attention ", dtype_name(t)),
+                     {in({2, 6, 37, 40}, 1), in({2, 2, 70, 40}, 2), in({2, 2, 70, 24}, 3)},
+                     [](const std::vector<Tensor>& x) {
+                       return ops::attention(x[0], x[1], x[2], 0.3, true, 33);
+                     });
+    // KDA with log-decays of both signs, so both the factorised and the direct blocks run.
+    expect_same_bits(
+        cat("kda ", dtype_name(t)),
+        {ops::l2norm(in({1, 80, 2, 32}, 10)), ops::l2norm(in({1, 80, 2, 32}, 11)),
+         in({1, 80, 2, 32}, 12), ops::add(ops::mul(in({1, 80, 2, 32}, 13), 0.1), -0.05),
+         ops::sigmoid(in({1, 80, 2}, 14))},
+        [](const std::vector<Tensor>& x) {
+          return ops::kda(x[0], x[1], x[2], x[3], x[4], Tensor(), -1, 32).o;
+        });
+    // A few rows against B stored [n, k] (the decode GEMM), k with a tail of 5.
+    for (int64_t m : {1, 3, 6})
+      expect_same_bits(cat("few-row gemm m ", m, " ", dtype_name(t)),
+                       {in({m, 37}, 20 + m), in({9, 37}, 30)}, [](const std::vector<Tensor>& x) {
+                         return ops::matmul(x[0], ops::transpose(x[1], 0, 1));
+                       });
+  }
+}
+
+}  // namespace
+}  // namespace myriad::testing
