@@ -14,41 +14,44 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # Tests run two at a time on two cores: spinning OpenMP workers would fight each other.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 jobs=${MYRIAD_JOBS:-2}
+t0=$(date +%s)
+# Each part's header says how long the run has taken so far (CI stops a run at 90 minutes).
+section() { echo "== $* ($(($(date +%s) - t0)) s in) =="; }
 
-echo "== release build =="
+section "release build"
 cmake --preset release >/dev/null
 cmake --build --preset release -j "$jobs"
 ctest --preset release -j "$jobs"
 
-echo "== TensorBoard's own reader on Myriad's event files =="
+section "TensorBoard's own reader on Myriad's event files"
 # check_tfevents.py installs the tensorboard package into tools/reference/.venv when needed.
 MYRIAD_TB_CHECK_PYTHON=python3 build/release/test_train --gtest_filter='Events.*'
 
-echo "== the official openai Python client against myriad serve =="
+section "the official openai Python client against myriad serve"
 # openai_client_check.py installs the openai package into tools/reference/.venv when needed.
 MYRIAD_OPENAI_CHECK_PYTHON=python3 build/release/test_serve --gtest_filter='Server.OfficialOpenAIClient'
 
-echo "== an agent through the openai client: tools, tool_calls, tool messages, scored by the RL evaluator =="
+section "an agent through the openai client: tools, tool_calls, tool messages, scored by the RL evaluator"
 # A briefly SFT-trained calculator model; the client's greedy episodes must equal the engine's.
 scripts/check_agent_openai.sh
 
-echo "== images through the openai client: PNG data URLs answered as the evaluator answers them =="
+section "images through the openai client: PNG data URLs answered as the evaluator answers them"
 # A briefly trained Fashion-MNIST model; bad images must be 400s and the server must keep serving.
 scripts/check_vision_openai.sh
 
-echo "== a model directory laid out as a published Kimi checkpoint, through the openai client =="
+section "a model directory laid out as a published Kimi checkpoint, through the openai client"
 # tiktoken.model, a Jinja template in tokenizer_config.json, FP8 weights, generation_config.json:
 # prompt tokens equal transformers' rendering + tiktoken, tools, tool results, bad requests.
 MYRIAD_BIN=build/release/myriad scripts/check_published_layout.sh
 
-echo "== Myriad's K3 forward against llama.cpp (runs when scripts/peers/llama_cpp.sh has built it) =="
+section "Myriad's K3 forward against llama.cpp (runs when scripts/peers/llama_cpp.sh has built it)"
 MYRIAD=build/release/myriad tests/check_llama_cpp_k3.sh
 
-echo "== planner memory prediction vs measured training peaks (within 15%) =="
+section "planner memory prediction vs measured training peaks (within 15%)"
 scripts/check_plan_memory.sh
 
 if [ "${MYRIAD_SKIP_ASAN:-0}" != 1 ]; then
-  echo "== AddressSanitizer + UBSan build =="
+  section "AddressSanitizer + UBSan build"
   cmake --preset debug-asan >/dev/null
   cmake --build --preset debug-asan -j "$jobs"
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --preset debug-asan -j "$jobs"
@@ -57,7 +60,7 @@ fi
 if [ "${MYRIAD_SKIP_TSAN:-0}" != 1 ]; then
   # The engine's, scheduler's and server's own threads; libgomp is not built for TSan, so OpenMP
   # is held to the calling thread (OMP_THREAD_LIMIT=1) and every thread checked is Myriad's.
-  echo "== ThreadSanitizer: engine, scheduler and server tests =="
+  section "ThreadSanitizer: engine, scheduler and server tests"
   cmake --preset tsan >/dev/null
   cmake --build --preset tsan -j "$jobs"
   for t in test_infer test_serve; do
@@ -66,5 +69,6 @@ if [ "${MYRIAD_SKIP_TSAN:-0}" != 1 ]; then
   done
 fi
 
-echo "== fuzz targets (${MYRIAD_FUZZ_SECONDS:-30} s each) =="
+section "fuzz targets (${MYRIAD_FUZZ_SECONDS:-30} s each)"
 MYRIAD_FUZZ_SECONDS=${MYRIAD_FUZZ_SECONDS:-30} scripts/fuzz.sh
+section "all passed"
