@@ -83,13 +83,29 @@ batch_size = 8
   return m;
 }
 
+// The SFT model the RL tests start from, trained once per test binary rather than once per
+// test: ctest runs every test in its own process, and under AddressSanitizer each training took
+// about 4 minutes. A process trains it in a directory of its own and publishes it by renaming
+// that directory to a name keyed by this binary (size and modification time), so another
+// process finds it whole or not at all; if two train it at once, the second rename fails and
+// that process uses the first one's (training is deterministic: the same model).
 const fs::path& model_dir() {
   static const fs::path m = [] {
     OneThread one;
-    const fs::path d =
-        fs::path(::testing::TempDir()) / "myriad_test_rl" / ("sft-" + std::to_string(getpid()));
+    const fs::path exe = fs::read_symlink("/proc/self/exe");
+    const std::string stamp =
+        std::to_string(fs::file_size(exe)) + "-" +
+        std::to_string(static_cast<uint64_t>(fs::last_write_time(exe).time_since_epoch().count()));
+    const fs::path root = fs::path(::testing::TempDir()) / "myriad_test_rl";
+    const fs::path shared = root / ("sft-" + stamp);
+    if (fs::exists(shared / "model" / "model.safetensors")) return shared / "model";
+    const fs::path d = root / ("sft-training-" + std::to_string(getpid()));
     fs::remove_all(d);
-    return sft_model(d);
+    sft_model(d);
+    std::error_code taken;
+    fs::rename(d, shared, taken);
+    if (taken) fs::remove_all(d);
+    return shared / "model";
   }();
   return m;
 }
