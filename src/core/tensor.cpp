@@ -115,9 +115,8 @@ int64_t Tensor::size(int64_t d) const {
 bool Tensor::is_contiguous() const {
   const auto& s = shape();
   const auto& st = strides();
-  if (shape_numel(s) == 0)
-    return true;  // no element to lay out (empty() gives such shapes
-                  // strides that skip the zero dimension)
+  // No element to lay out (empty() gives such shapes strides that skip the zero dimension).
+  if (shape_numel(s) == 0) return true;
   int64_t acc = 1;
   for (size_t i = s.size(); i-- > 0;) {
     if (s[i] != 1 && st[i] != acc) return false;
