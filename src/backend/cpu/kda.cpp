@@ -266,35 +266,70 @@ MYRIAD_CPU_CLONES void decays(int64_t cn, int64_t kp, const float* __restrict Q,
     }
 }
 
+// The two triangular solves run over blocks of N W-lane vectors of columns, each row's block
+// held in registers over the whole substitution (a column block of 64 where vp allows, else 16;
+// vp is a multiple of 16). Each element sums over i in the same order as a plain loop.
+//
 // Ṽ_r = β_r (R_r - sum_{i<r} M_ri Ṽ_i) for r < cn: (I + Diag(β) M) Ṽ = Diag(β) R.
-MYRIAD_CPU_CLONES void solve_lower(int64_t cn, int64_t cp, int64_t vp, const float* __restrict M,
-                                   const float* __restrict beta, const float* __restrict R,
-                                   float* __restrict Vt) {
+template <int W, int N>
+MYRIAD_CPU_CLONES void solve_lower_cols(int64_t cn, int64_t cp, int64_t vp, int64_t j0,
+                                        const float* __restrict M, const float* __restrict beta,
+                                        const float* __restrict R, float* __restrict Vt) {
+  using V = typename Lanes<W>::F;
   for (int64_t r = 0; r < cn; ++r) {
-    float* vr = Vt + r * vp;
-    for (int64_t j = 0; j < vp; ++j) vr[j] = R[r * vp + j];
+    V acc[N];
+    std::memcpy(acc, R + r * vp + j0, sizeof acc);
     for (int64_t i = 0; i < r; ++i) {
       const float m = M[r * cp + i];
-      const float* vi = Vt + i * vp;
-      for (int64_t j = 0; j < vp; ++j) vr[j] -= m * vi[j];
+      for (int v = 0; v < N; ++v) {
+        V x;
+        std::memcpy(&x, Vt + i * vp + j0 + v * W, sizeof x);
+        acc[v] -= m * x;
+      }
     }
-    for (int64_t j = 0; j < vp; ++j) vr[j] *= beta[r];
+    for (int v = 0; v < N; ++v) acc[v] *= beta[r];
+    std::memcpy(Vt + r * vp + j0, acc, sizeof acc);
   }
 }
 
 // The transposed system (I + Diag(β) M)^T X = Y for r < cn, by back substitution.
-MYRIAD_CPU_CLONES void solve_upper_t(int64_t cn, int64_t cp, int64_t vp, const float* __restrict M,
-                                     const float* __restrict beta, const float* __restrict Y,
-                                     float* __restrict X) {
+template <int W, int N>
+MYRIAD_CPU_CLONES void solve_upper_t_cols(int64_t cn, int64_t cp, int64_t vp, int64_t j0,
+                                          const float* __restrict M, const float* __restrict beta,
+                                          const float* __restrict Y, float* __restrict X) {
+  using V = typename Lanes<W>::F;
   for (int64_t r = cn - 1; r >= 0; --r) {
-    float* xr = X + r * vp;
-    for (int64_t j = 0; j < vp; ++j) xr[j] = Y[r * vp + j];
+    V acc[N];
+    std::memcpy(acc, Y + r * vp + j0, sizeof acc);
     for (int64_t i = r + 1; i < cn; ++i) {
       const float l = beta[i] * M[i * cp + r];
-      const float* xi = X + i * vp;
-      for (int64_t j = 0; j < vp; ++j) xr[j] -= l * xi[j];
+      for (int v = 0; v < N; ++v) {
+        V x;
+        std::memcpy(&x, X + i * vp + j0 + v * W, sizeof x);
+        acc[v] -= l * x;
+      }
     }
+    std::memcpy(X + r * vp + j0, acc, sizeof acc);
   }
+}
+
+void solve_lower(int64_t cn, int64_t cp, int64_t vp, const float* M, const float* beta,
+                 const float* R, float* Vt) {
+  with_lanes([&](auto w) {
+    constexpr int W = decltype(w)::value;
+    int64_t j0 = 0;
+    for (; j0 + 64 <= vp; j0 += 64) solve_lower_cols<W, 64 / W>(cn, cp, vp, j0, M, beta, R, Vt);
+    for (; j0 < vp; j0 += 16) solve_lower_cols<W, 16 / W>(cn, cp, vp, j0, M, beta, R, Vt);
+  });
+}
+void solve_upper_t(int64_t cn, int64_t cp, int64_t vp, const float* M, const float* beta,
+                   const float* Y, float* X) {
+  with_lanes([&](auto w) {
+    constexpr int W = decltype(w)::value;
+    int64_t j0 = 0;
+    for (; j0 + 64 <= vp; j0 += 64) solve_upper_t_cols<W, 64 / W>(cn, cp, vp, j0, M, beta, Y, X);
+    for (; j0 < vp; j0 += 16) solve_upper_t_cols<W, 16 / W>(cn, cp, vp, j0, M, beta, Y, X);
+  });
 }
 
 // Per row of the chunk: dQ (before the scale), dK and dG from the products and pair terms
@@ -384,11 +419,15 @@ struct Work {
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
 
   // Loads chunk [t0, t0 + cn) of (b, h) and computes everything up to Ṽ from the state S.
+  // A chunk of Cp rows rewrites every element these buffers use (padding columns are never
+  // written, and stay zero); a shorter one must first clear the rows a full one left.
   void chunk(const KdaArgs& a, int64_t b, int64_t h, int64_t t0, int64_t cn) {
-    for (auto* v :
-         {&Q, &Kc, &G, &Gl, &Gam, &Ed, &Qg, &Kg, &Kd, &ER, &KR, &ED, &KD, &KRT, &KDT, &Vv, &M, &P})
-      std::fill(v->begin(), v->end(), 0.0f);
-    std::fill(beta.begin(), beta.end(), 0.0f);
+    if (cn < Cp) {
+      for (auto* v : {&Q, &Kc, &G, &Gl, &Gam, &Ed, &Qg, &Kg, &Kd, &ER, &KR, &ED, &KD, &KRT, &KDT,
+                      &Vv, &M, &P})
+        std::fill(v->begin(), v->end(), 0.0f);
+      std::fill(beta.begin(), beta.end(), 0.0f);
+    }
     float gmax = -1.0f;
     load(a.q, row_qk(b, t0, h), H * K, cn, K, scale, Q.data(), Kp);
     load(a.k, row_qk(b, t0, h), H * K, cn, K, 1.0f, Kc.data(), Kp);
@@ -444,7 +483,7 @@ struct Work {
     // R = V - Kg S; Ṽ_r = β_r (R_r - sum_{i<r} M_ri Ṽ_i).
     mm(Cp, Vp, K, Kg.data(), Kp, 1, S.data(), Vp, R.data(), Vp, false);
     for (int64_t i = 0; i < Cp * Vp; ++i) R[i] = Vv[i] - R[i];
-    std::fill(Vt.begin(), Vt.end(), 0.0f);
+    if (cn < Cp) std::fill(Vt.begin(), Vt.end(), 0.0f);
     solve_lower(cn, Cp, Vp, M.data(), beta.data(), R.data(), Vt.data());
   }
 };
