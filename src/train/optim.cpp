@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu.h"
 #include "core/autograd.h"
 #include "core/error.h"
+#include "ops/adamw.h"
 #include "ops/elementwise.h"
 #include "ops/matmul.h"
 #include "ops/shape.h"
@@ -551,19 +552,9 @@ void Optimizer::adamw_update(Slot& s, double lr) {
   const double wd = s.group == ParamGroup::NoDecay ? 0.0 : cfg_.weight_decay;
   const double bc1 = 1 - std::pow(b1, static_cast<double>(s.steps));
   const double bc2 = 1 - std::pow(b2, static_cast<double>(s.steps));
-  const Tensor w = host_f32(s.param), g = host_f32(s.param.grad());
-  float *W = w.data<float>(), *M = s.exp_avg.data<float>(), *V = s.exp_avg_sq.data<float>();
-  const float* G = g.data<float>();
-  cpu::parallel_for(w.numel(), kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const double gi = G[i];
-      const double m = b1 * M[i] + (1 - b1) * gi, v = b2 * V[i] + (1 - b2) * gi * gi;
-      M[i] = static_cast<float>(m);
-      V[i] = static_cast<float>(v);
-      const double upd = (m / bc1) / (std::sqrt(v / bc2) + eps) + wd * W[i];
-      W[i] = static_cast<float>(W[i] - lr * upd);
-    }
-  });
+  Tensor w = host_f32(s.param);
+  ops::adamw_update(w, host_f32(s.param.grad()), s.exp_avg, s.exp_avg_sq,
+                    {lr, b1, b2, eps, wd, bc1, bc2});
   write_back(s.param, w);
 }
 
