@@ -65,10 +65,10 @@ MYRIAD_CPU_CLONES void mm_w(int64_t m, int64_t n, int64_t kk, const float* __res
 }
 void mm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t sai, int64_t sap, const float* b,
         int64_t ldb, float* c, int64_t ldc, bool acc) {
-  if (wide_vectors())
-    mm_w<16, 8, 1>(m, n, kk, a, sai, sap, b, ldb, c, ldc, acc);
-  else
-    mm_w<8, 4, 2>(m, n, kk, a, sai, sap, b, ldb, c, ldc, acc);
+  with_lanes([&](auto w) {
+    constexpr int W = decltype(w)::value;
+    mm_w<W, W == 16 ? 8 : 4, W == 16 ? 1 : 2>(m, n, kk, a, sai, sap, b, ldb, c, ldc, acc);
+  });
 }
 
 // dst[j, i] = src[i, j] for a rows x cols source (leading dimensions given).
@@ -429,8 +429,9 @@ struct Work {
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
 
   // Loads chunk [t0, t0 + cn) of (b, h) and computes everything up to Ṽ from the state S.
-  // A chunk of Cp rows rewrites every element these buffers use (padding columns are never
-  // written, and stay zero); a shorter one must first clear the rows a full one left.
+  // A chunk of Cp rows rewrites every element these buffers use (the padding columns of the
+  // loaded inputs are never written and stay zero, so the buffers derived from them get the same
+  // padding every chunk); a shorter one must first clear the rows a full one left.
   void chunk(const KdaArgs& a, int64_t b, int64_t h, int64_t t0, int64_t cn) {
     if (cn < Cp) {
       for (auto* v : {&Q, &Kc, &G, &Gl, &Gam, &Ed, &Qg, &Kg, &Kd, &ER, &KR, &ED, &KD, &KRT, &KDT,
