@@ -17,6 +17,7 @@
 #include "bench_util.h"
 #include "core/autograd.h"
 #include "core/random.h"
+#include "ops/int8.h"
 #include "ops/matmul.h"
 
 namespace myriad::bench {
@@ -26,17 +27,23 @@ struct Case {
   int64_t m, n, k;
   DType dtype;
   bool linear = false;  // B stored [N, K] (nn.Linear's weight): Myriad runs ops::linear
+  bool int8 = false;    // Myriad runs ops::linear_int8 on B's int8 copy; oneDNN the f32 B
   std::string label() const {
     return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
            (linear ? "^T" : "");
   }
+  std::string type() const { return int8 ? "int8" : std::string(dtype_name(dtype)); }
   double flops() const { return 2.0 * m * n * k; }
-  double b_bytes() const { return double(n) * k * dtype_size(dtype); }
+  // Myriad's bytes of B (int8: codes + f32 scales); oneDNN's are the f32 ones.
+  double b_bytes(bool myriad = true) const {
+    return double(n) * k * (int8 && myriad ? 1.0 + 4.0 / ops::kInt8Group : dtype_size(dtype));
+  }
 };
 
 // Inputs and the direct oneDNN primitive of one case, built on first use and kept.
 struct State {
   Tensor a, b, c;  // c: oneDNN's output
+  ops::Int8Weight q;
   bool myriad_warm = false;
   std::unique_ptr<dnnl::matmul> prim;
   std::unordered_map<int, dnnl::memory> args;
@@ -49,7 +56,7 @@ dnnl::engine& engine() {
 
 State& state_for(const Case& c) {
   static std::map<std::string, std::unique_ptr<State>> states;
-  auto& s = states[c.label() + std::string(dtype_name(c.dtype))];
+  auto& s = states[c.label() + c.type()];
   if (!s) {
     s = std::make_unique<State>();
     Generator g(42);
@@ -57,6 +64,7 @@ State& state_for(const Case& c) {
     s->b = c.linear ? g.normal({c.n, c.k}, 0.0, 1.0, c.dtype)
                     : g.normal({c.k, c.n}, 0.0, 1.0, c.dtype);
     s->c = Tensor::zeros({c.m, c.n}, c.dtype);
+    if (c.int8) s->q = ops::quantize_int8(s->b);
   }
   return *s;
 }
@@ -64,7 +72,10 @@ State& state_for(const Case& c) {
 void bench_myriad(benchmark::State& st, Case c) {
   State& s = state_for(c);
   NoGradGuard no_grad;
-  auto run = [&] { return c.linear ? ops::linear(s.a, s.b) : ops::matmul(s.a, s.b); };
+  auto run = [&] {
+    if (c.int8) return ops::linear_int8(s.a, s.q);
+    return c.linear ? ops::linear(s.a, s.b) : ops::matmul(s.a, s.b);
+  };
   if (!s.myriad_warm) {  // primitive creation stays out of the timing
     run();
     s.myriad_warm = true;
@@ -101,7 +112,7 @@ void bench_onednn(benchmark::State& st, Case c) {
   st.counters["FLOPS"] =
       benchmark::Counter(c.flops(), benchmark::Counter::kIsIterationInvariantRate);
   st.counters["BYTES"] =
-      benchmark::Counter(c.b_bytes(), benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(c.b_bytes(false), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace
@@ -129,6 +140,10 @@ int main(int argc, char** argv) {
                                                                    {16, 1536, 512, 1},
                                                                    {1, 65536, 512, 1}})
       cases.push_back({m, n, k, t, lin != 0});
+  // The same decode shapes with weight-only int8 B (ops/int8.h) against oneDNN's f32.
+  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+           {1, 4096, 1024}, {4, 4096, 1024}, {16, 4096, 1024}, {1, 65536, 512}})
+    cases.push_back({m, n, k, DType::F32, true, true});
   // names[case][0] = Myriad's runs, [1] = oneDNN's.
   std::vector<std::array<std::vector<std::string>, 2>> names(cases.size());
   for (int r = 0; r < rounds; ++r)
@@ -136,9 +151,8 @@ int main(int argc, char** argv) {
       for (int j = 0; j < 2; ++j) {
         const int impl = (j + r) % 2;  // alternate which goes first
         const Case& c = cases[i];
-        std::string name = std::string(impl == 0 ? "myriad" : "onednn") + "/" +
-                           std::string(dtype_name(c.dtype)) + "/" + c.label() +
-                           "/round:" + std::to_string(r);
+        std::string name = std::string(impl == 0 ? "myriad" : "onednn") + "/" + c.type() + "/" +
+                           c.label() + "/round:" + std::to_string(r);
         names[i][impl].push_back(name);
         auto* b = impl == 0 ? benchmark::RegisterBenchmark(name.c_str(), bench_myriad, c)
                             : benchmark::RegisterBenchmark(name.c_str(), bench_onednn, c);
@@ -157,7 +171,9 @@ int main(int argc, char** argv) {
       threads, peak_f32, peak_bf16, rounds);
   std::printf("%-16s %-5s %14s %14s %14s %12s %12s\n", "M x N x K", "dtype", "Myriad GFLOP/s",
               "oneDNN GFLOP/s", "Myriad/oneDNN", "Myriad peak", "oneDNN peak");
-  std::printf("(^T: B stored [N, K] as nn.Linear's weight; M <= 16 rows add the GB/s of B read)\n");
+  std::printf(
+      "(^T: B stored [N, K] as nn.Linear's weight; M <= 16 rows add the GB/s of B read;\n"
+      " int8: Myriad's linear_int8 on int8 B against oneDNN's f32 B)\n");
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     double my = collector.best(names[i][0], "FLOPS") * 1e-9;
@@ -165,8 +181,8 @@ int main(int argc, char** argv) {
     if (my == 0 && dn == 0) continue;  // filtered out
     double peak = c.dtype == DType::F32 ? peak_f32 : peak_bf16;
     std::printf("%-16s %-5s %14.1f %14.1f %14.3f %11.1f%% %11.1f%%", c.label().c_str(),
-                std::string(dtype_name(c.dtype)).c_str(), my, dn, dn > 0 ? my / dn : 0.0,
-                peak > 0 ? 100 * my / peak : 0.0, peak > 0 ? 100 * dn / peak : 0.0);
+                c.type().c_str(), my, dn, dn > 0 ? my / dn : 0.0, peak > 0 ? 100 * my / peak : 0.0,
+                peak > 0 ? 100 * dn / peak : 0.0);
     if (c.m <= 16)
       std::printf("   B read: Myriad %.1f GB/s, oneDNN %.1f GB/s",
                   collector.best(names[i][0], "BYTES") * 1e-9,

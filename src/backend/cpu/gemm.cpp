@@ -14,6 +14,9 @@
 #include <bit>
 #include <cstdlib>
 #include <exception>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu.h"
+#include "ops/int8.h"
 #include "ops/matmul.h"
 
 namespace myriad::cpu {
@@ -156,8 +160,9 @@ void scale_c(const GemmArgs& g) {
 // same order whatever m is and wherever row r sits, so a sequence decoded in a batch gets bit
 // for bit the logits it gets alone (tests/infer BatchedDecode).
 constexpr int64_t kMaxRows = 16;  // larger products (prefill) go to oneDNN
-constexpr int kLanes = 16;        // f32 partial sums per product (one zmm, two ymm)
-constexpr int kTile = 4;          // tiles of up to 4 rows of B x 4 rows of A (16 accumulators)
+static_assert(kMaxRows == ops::kInt8StreamRows);
+constexpr int kLanes = 16;  // f32 partial sums per product (one zmm, two ymm)
+constexpr int kTile = 4;    // tiles of up to 4 rows of B x 4 rows of A (16 accumulators)
 
 inline void store(float* p, float v, float beta) {
   *p = beta == 0.0f ? v : v + beta * *p;
@@ -180,10 +185,35 @@ inline void load_lanes(typename Lanes<W>::F& v, const uint16_t* p) {
   const U u = __builtin_convertvector(h, U) << 16;
   std::memcpy(&v, &u, sizeof v);
 }
+// 16 int8 codes (ops/int8.h), converted exactly; the caller multiplies by the group's scale.
+// Through int16 and int32 lanes: GCC 12 turns a direct int8 -> int32 or float conversion into
+// scalar code, the int8 -> int16 one into vpmovsxbw.
+template <int W>
+inline void load16_codes(typename Lanes<W>::F* v, const int8_t* p) {
+  typedef int8_t B __attribute__((vector_size(16)));
+  typedef int16_t S __attribute__((vector_size(32)));
+  B b;
+  std::memcpy(&b, p, sizeof b);
+  const S s = __builtin_convertvector(b, S);
+  if constexpr (W == 16) {
+    typedef int32_t I __attribute__((vector_size(64)));
+    v[0] = __builtin_convertvector(__builtin_convertvector(s, I), typename Lanes<W>::F);
+  } else {
+    typedef int32_t I __attribute__((vector_size(32)));
+    const auto lo = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7);
+    const auto hi = __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
+    v[0] = __builtin_convertvector(__builtin_convertvector(lo, I), typename Lanes<W>::F);
+    v[1] = __builtin_convertvector(__builtin_convertvector(hi, I), typename Lanes<W>::F);
+  }
+}
 // kLanes elements from p as kLanes / W vectors; the last n < kLanes elements zero-padded.
 template <int W, class T>
 inline void load16(typename Lanes<W>::F* v, const T* p) {
-  for (int q = 0; q < kLanes / W; ++q) load_lanes<W>(v[q], p + q * W);
+  if constexpr (std::is_same_v<T, int8_t>) {
+    load16_codes<W>(v, p);
+  } else {
+    for (int q = 0; q < kLanes / W; ++q) load_lanes<W>(v[q], p + q * W);
+  }
 }
 template <int W, class T>
 inline void load_tail(typename Lanes<W>::F* v, const T* p, int64_t n) {
@@ -196,9 +226,12 @@ inline void load_tail(typename Lanes<W>::F* v, const T* p, int64_t n) {
 // accumulators (16 of them, as kLanes / W vectors of W lanes) sums the products i = l mod 16 in
 // order, with the same vector expression in every tile shape and vector width (so the same
 // fused multiply-adds), then the 16 lanes are added in a fixed order. The tile and the width
-// change which loads are shared, never a sum.
+// change which loads are shared, never a sum. int8 rows of B (k a multiple of 32) are widened
+// and multiplied by their group's scale sc[jj][i / 32] in registers: the f32 values
+// dequantize_int8 gives, so the same sums as the f32 kernel on the dequantized weight.
 template <class T, int J, int R, int W>
-MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, int64_t k, float* out) {
+MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, const float* const* sc,
+                            int64_t k, float* out) {
   using V = typename Lanes<W>::F;
   constexpr int N = kLanes / W;
   V acc[J][R][N] = {};
@@ -206,6 +239,9 @@ MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, int64_t k,
   V wv[J][N] = {}, xv[N] = {};
   for (; i + kLanes <= k; i += kLanes) {
     for (int jj = 0; jj < J; ++jj) load16<W>(wv[jj], w[jj] + i);
+    if constexpr (std::is_same_v<T, int8_t>)
+      for (int jj = 0; jj < J; ++jj)
+        for (int q = 0; q < N; ++q) wv[jj][q] *= sc[jj][i / ops::kInt8Group];
     for (int r = 0; r < R; ++r) {
       load16<W>(xv, x[r] + i);
       for (int jj = 0; jj < J; ++jj)
@@ -235,26 +271,133 @@ constexpr auto dots_table(std::index_sequence<I...>) {
       &dots<T, static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1), W>...};
 }
 
-// C[r, j] for j in [j0, j1) from x (m rows of k f32), in tiles of up to 4 x 4. One row of B at a
-// time when m = 1: reading rows of B side by side halved the DRAM rate of a single row of A here
-// (19.5 vs 10 GB/s on one core); with more rows of A, four rows of B share each load of x.
+#if defined(__x86_64__)
+// dots for int8 codes with the sign extension as one load-and-widen instruction per vector
+// (vpmovsxbd): GCC 12 widens int8 vector-extension lanes through int16 with 13 shuffles per 16
+// codes, which bounded the kernel at ~9 GB/s of codes on two cores. The same lanes, products
+// and fused multiply-adds as dots<int8_t, J, R, W> (W = 8 and 16), so the same bits.
+template <int J, int R>
+__attribute__((target("avx2,fma"))) void dots_codes_avx2(const float* const* x,
+                                                         const int8_t* const* w,
+                                                         const float* const* sc, int64_t k,
+                                                         float* out) {
+  __m256 acc[J][R][2];
+  for (int jj = 0; jj < J; ++jj)
+    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+  for (int64_t i = 0; i + kLanes <= k; i += kLanes) {
+    __m256 wv[J][2];
+    for (int jj = 0; jj < J; ++jj) {
+      const __m256 s = _mm256_set1_ps(sc[jj][i / ops::kInt8Group]);
+      for (int q = 0; q < 2; ++q) {
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[jj] + i + 8 * q));
+        wv[jj][q] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < 2; ++q) {
+        const __m256 xv = _mm256_loadu_ps(x[r] + i + 8 * q);
+        for (int jj = 0; jj < J; ++jj)
+          acc[jj][r][q] = _mm256_fmadd_ps(xv, wv[jj][q], acc[jj][r][q]);
+      }
+  }
+  for (int jj = 0; jj < J; ++jj)
+    for (int r = 0; r < R; ++r) {
+      float lanes[kLanes], s = 0;
+      _mm256_storeu_ps(lanes, acc[jj][r][0]);
+      _mm256_storeu_ps(lanes + 8, acc[jj][r][1]);
+      for (int l = 0; l < kLanes; ++l) s += lanes[l];
+      out[jj * kTile + r] = s;
+    }
+}
+
+// (GCC 12's avx512fintrin.h reads an undefined vector inside _mm512_cvtepi32_ps's masked form.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+template <int J, int R>
+__attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
+                                                          const int8_t* const* w,
+                                                          const float* const* sc, int64_t k,
+                                                          float* out) {
+  __m512 acc[J][R];
+  for (int jj = 0; jj < J; ++jj)
+    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i + kLanes <= k; i += kLanes) {
+    __m512 wv[J];
+    for (int jj = 0; jj < J; ++jj) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[jj] + i));
+      wv[jj] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)),
+                             _mm512_set1_ps(sc[jj][i / ops::kInt8Group]));
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x[r] + i);
+      for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(xv, wv[jj], acc[jj][r]);
+    }
+  }
+  for (int jj = 0; jj < J; ++jj)
+    for (int r = 0; r < R; ++r) {
+      float lanes[kLanes], s = 0;
+      _mm512_storeu_ps(lanes, acc[jj][r]);
+      for (int l = 0; l < kLanes; ++l) s += lanes[l];
+      out[jj * kTile + r] = s;
+    }
+}
+
+#pragma GCC diagnostic pop
+
+template <size_t... I>
+constexpr auto codes_table_avx2(std::index_sequence<I...>) {
+  return std::array{
+      &dots_codes_avx2<static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1)>...};
+}
+template <size_t... I>
+constexpr auto codes_table_avx512(std::index_sequence<I...>) {
+  return std::array{
+      &dots_codes_avx512<static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1)>...};
+}
+#endif
+
+// The dots for T at the width wide_vectors() picks; int8 codes take the instructions above where
+// the CPU has them (a forced width the CPU lacks runs the generic code).
 template <class T>
-void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, T* c, int64_t ldc, int64_t m,
-                int64_t k, int64_t j0, int64_t j1, float alpha, float beta) {
+const auto& dots_for() {
   static constexpr auto wide = dots_table<T, 16>(std::make_index_sequence<kTile * kTile>{});
   static constexpr auto narrow = dots_table<T, 8>(std::make_index_sequence<kTile * kTile>{});
-  const auto& table = wide_vectors() ? wide : narrow;
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, int8_t>) {
+    static constexpr auto v4 = codes_table_avx512(std::make_index_sequence<kTile * kTile>{});
+    static constexpr auto v3 = codes_table_avx2(std::make_index_sequence<kTile * kTile>{});
+    static const bool has512 = __builtin_cpu_supports("avx512f");
+    static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (wide_vectors()) return has512 ? v4 : wide;
+    return has2 ? v3 : narrow;
+  }
+#endif
+  return wide_vectors() ? wide : narrow;
+}
+
+// C[r, j] for j in [j0, j1) from x (m rows of k f32), in tiles of up to 4 x 4. One row of B at a
+// time when m = 1: reading rows of B side by side halved the DRAM rate of a single row of A here
+// (19.5 vs 10 GB/s on one core); with more rows of A, four rows of B share each load of x. bs:
+// int8 B's scales, lds apart per row.
+template <class T, class C>
+void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, const float* bs, int64_t lds,
+                C* c, int64_t ldc, int64_t m, int64_t k, int64_t j0, int64_t j1, float alpha,
+                float beta) {
+  const auto& table = dots_for<T>();
   const int64_t tile_j = m == 1 ? 1 : kTile;
   for (int64_t j = j0; j < j1; j += tile_j) {
     const int64_t nj = std::min(tile_j, j1 - j);
     const T* ws[kTile] = {};
+    const float* ss[kTile] = {};
     for (int64_t jj = 0; jj < nj; ++jj) ws[jj] = b + (j + jj) * ldb;
+    if (bs)
+      for (int64_t jj = 0; jj < nj; ++jj) ss[jj] = bs + (j + jj) * lds;
     for (int64_t r = 0; r < m; r += kTile) {
       const int64_t nr = std::min<int64_t>(kTile, m - r);
       const float* xs[kTile] = {};
       for (int64_t q = 0; q < nr; ++q) xs[q] = x + (r + q) * ldx;
       float s[kTile * kTile] = {};
-      table[(nj - 1) * kTile + nr - 1](xs, ws, k, s);
+      table[(nj - 1) * kTile + nr - 1](xs, ws, ss, k, s);
       for (int64_t jj = 0; jj < nj; ++jj)
         for (int64_t q = 0; q < nr; ++q)
           store(c + (r + q) * ldc + j + jj, alpha * s[jj * kTile + q], beta);
@@ -265,9 +408,12 @@ void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, T* c, int6
 // Over every product and batch: work items are (product, batch, block of n), at least ~64 KiB
 // of B each, so a thread is woken only for work that outweighs waking it, and all of them share
 // one parallel region (a MoE's experts at decode: one region instead of one per expert). bf16
-// rows of A are widened to f32 once, before the region.
+// rows of A are widened to f32 once, before the region. T: B's elements (float, bf16 bits, int8
+// codes); C has A's type (f32 for int8 B).
 template <class T>
 void few_rows(const std::vector<GemmArgs>& gs) {
+  using C = std::conditional_t<std::is_same_v<T, int8_t>, float, T>;
+  constexpr bool widen = std::is_same_v<T, uint16_t>;
   struct Job {
     const float* x;
     int64_t ldx, stride_x, block, per_batch;
@@ -282,7 +428,7 @@ void few_rows(const std::vector<GemmArgs>& gs) {
     j.block = std::max<int64_t>(4, (int64_t{64} << 10) / std::max<int64_t>(1, g.k * sizeof(T)));
     j.per_batch = (g.n + j.block - 1) / j.block;
     first[p + 1] = first[p] + g.batch * j.per_batch;
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (!widen) {
       j.x = static_cast<const float*>(g.a), j.ldx = g.lda, j.stride_x = g.stride_a;
     } else {
       widened_at[p] = static_cast<int64_t>(widened.size());
@@ -290,7 +436,7 @@ void few_rows(const std::vector<GemmArgs>& gs) {
       widened.resize(widened.size() + static_cast<size_t>(batches * g.m * g.k));
     }
   }
-  if constexpr (!std::is_same_v<T, float>) {
+  if constexpr (widen) {
     for (size_t p = 0; p < gs.size(); ++p) {
       const GemmArgs& g = gs[p];
       const int64_t batches = g.stride_a == 0 ? 1 : g.batch;
@@ -315,9 +461,10 @@ void few_rows(const std::vector<GemmArgs>& gs) {
       const int64_t bi = item / j.per_batch, c0 = (item % j.per_batch) * j.block;
       const int64_t c1 = std::min(g.n, c0 + j.block);
       const T* b = static_cast<const T*>(g.b) + bi * g.stride_b;
-      T* c = static_cast<T*>(g.c) + bi * g.stride_c;
-      rows_of_bt(j.x + bi * j.stride_x, j.ldx, b, g.ldb, c, g.ldc, g.m, g.k, c0, c1, g.alpha,
-                 g.beta);
+      C* c = static_cast<C*>(g.c) + bi * g.stride_c;
+      const float* bs = g.b_scale ? g.b_scale + bi * g.stride_b / ops::kInt8Group : nullptr;
+      rows_of_bt(j.x + bi * j.stride_x, j.ldx, b, g.ldb, bs, g.ldb / ops::kInt8Group, c, g.ldc, g.m,
+                 g.k, c0, c1, g.alpha, g.beta);
     }
   });
 }
@@ -454,9 +601,20 @@ void grouped_gemm_cpu(const std::vector<GemmArgs>& gs) {
   if (error) std::rethrow_exception(error);
 }
 
+// int8 B (ops/int8.h): the few-row kernel only, all products in one parallel region.
+void int8_gemm_cpu(const std::vector<GemmArgs>& gs) {
+  for (const GemmArgs& g : gs)
+    MYRIAD_CHECK(g.dtype == DType::F32 && g.b_scale && takes_few_rows(g) &&
+                     g.k % ops::kInt8Group == 0 && g.ldb == g.k,
+                 "int8_gemm: expected f32 A and C, int8 B [n, k] with scales and k a multiple of ",
+                 ops::kInt8Group, ", at most ", kMaxRows, " rows; got m ", g.m, " k ", g.k);
+  few_rows<int8_t>(gs);
+}
+
 }  // namespace
 
 MYRIAD_REGISTER_KERNEL(ops::gemm_kernels, ops::Backend::CPU, &gemm_cpu);
+MYRIAD_REGISTER_KERNEL(ops::int8_gemm_kernels, ops::Backend::CPU, &int8_gemm_cpu);
 MYRIAD_REGISTER_KERNEL(ops::grouped_gemm_kernels, ops::Backend::CPU, &grouped_gemm_cpu);
 
 }  // namespace myriad::cpu
