@@ -17,10 +17,15 @@
 // --ctx-token prompt (to its first token), printing each request's first --show greedy tokens and
 // RESULT lines. A directory with only config.json first gets random weights (--seed) saved into it,
 // so transformers can load the same checkpoint.
-//   bench_decode DIR [--ctx=1024] [--new=32] [--show=8] [--seed=1] [--batch16=1]
+// --int8=1 instead runs the directory's model in f32 and with weight-only int8 projections
+// (ops/int8.h) side by side: top-1 agreement of the two over 256 positions, then decode tokens/s
+// of both, alternately, over 3 rounds.
+//   bench_decode DIR [--ctx=1024] [--new=32] [--show=8] [--seed=1] [--batch16=1] [--int8=0]
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -152,8 +157,63 @@ double read_long(const model::Decoder& m, const data::Tokenizer& tok, infer::Eng
 }
 
 // Decode rates of one saved model (the Myriad side of scripts/bench_decode_vs_torch.sh).
+// The model in f32 and with int8 projections (ops/int8.h), side by side in this process: what
+// the int8 weights change (one forward over 256 prompt positions: top-1 agreement and the logit
+// difference), then decode tokens/s of both, alternating which goes first, over 3 rounds.
+int int8_side_by_side(const std::string& dir, const model::Decoder& m, const data::Tokenizer& tok,
+                      int64_t ctx, int64_t new_tokens, int64_t chunk, bool batch16) {
+  model::Decoder q = model::Decoder::load(dir);
+  const int64_t n = q.quantize_int8(), V = m.config().vocab_size;
+  std::printf("int8 weights: %lld tensors, %.1f MB of codes and scales\n",
+              static_cast<long long>(n), q.weights().int8_bytes() / 1e6);
+  const std::vector<int32_t> ids = prompt(256, V, 7);
+  const Tensor ids_t =
+      Tensor::from_ints(std::vector<int64_t>(ids.begin(), ids.end()), {1, 256}, DType::I64);
+  const std::vector<float> f32 = m.forward(ids_t).logits_BTV.to_floats();
+  const std::vector<float> q8 = q.forward(ids_t).logits_BTV.to_floats();
+  int64_t agree = 0;
+  double diff = 0, mag = 0, worst = 0, top = 0;
+  for (int64_t t = 0; t < 256; ++t) {
+    const float* a = f32.data() + t * V;
+    const float* b = q8.data() + t * V;
+    agree += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+    for (int64_t v = 0; v < V; ++v) {
+      diff += std::fabs(a[v] - b[v]), mag += std::fabs(a[v]);
+      worst = std::max<double>(worst, std::fabs(a[v] - b[v]));
+      top = std::max<double>(top, std::fabs(a[v]));
+    }
+  }
+  std::printf(
+      "RESULT int8_vs_f32 positions=256 top1_agree=%lld mean_abs_diff_over_mean_abs=%.3g "
+      "max_abs_diff_over_max_abs=%.3g\n",
+      static_cast<long long>(agree), diff / mag, worst / top);
+  infer::EngineConfig cfg;
+  cfg.cache_budget_bytes = 8ll << 30;
+  cfg.prefill_chunk = chunk;
+  for (const int64_t batch : {int64_t{1}, int64_t{16}}) {
+    if (batch == 16 && !batch16) continue;
+    for (int r = 0; r < 3; ++r) {
+      double rate[2];
+      for (int j = 0; j < 2; ++j) {
+        const int w = (j + r) % 2;
+        // One engine at a time: an idle engine's thread still takes a share of the cores.
+        infer::Engine e(w == 0 ? m : q, tok, cfg);
+        decode_rate(e, V, ctx, batch, 4);  // warm-up
+        rate[w] = decode_rate(e, V, ctx, batch, new_tokens);
+      }
+      std::printf(
+          "RESULT round=%d batch=%lld ctx=%lld f32_tokens_per_s=%.2f int8_tokens_per_s=%.2f "
+          "int8_over_f32=%.3f\n",
+          r, static_cast<long long>(batch), static_cast<long long>(ctx), rate[0], rate[1],
+          rate[1] / rate[0]);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int64_t new_tokens,
-            int64_t chunk, int64_t show, uint64_t seed, bool batch16) {
+            int64_t chunk, int64_t show, uint64_t seed, bool batch16, bool int8) {
   namespace fs = std::filesystem;
   if (!fs::exists(fs::path(dir) / "model.safetensors")) {
     const model::Decoder r =
@@ -164,6 +224,7 @@ int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int
                 dir.c_str());
   }
   const model::Decoder m = model::Decoder::load(dir);
+  if (int8) return int8_side_by_side(dir, m, tok, ctx, new_tokens, chunk, batch16);
   const model::ModelConfig& c = m.config();
   std::printf("model %s: %lld layers (%lld MLA), d %lld, V %lld; %lld-token prompts, %lld new\n",
               dir.c_str(), static_cast<long long>(c.num_hidden_layers),
@@ -224,15 +285,17 @@ int run(int argc, char** argv) {
   const auto show = static_cast<int64_t>(take_flag(argc, argv, "show", "MYRIAD_BENCH_SHOW", 8));
   const auto seed = static_cast<uint64_t>(take_flag(argc, argv, "seed", "MYRIAD_BENCH_SEED", 1));
   const bool batch16 = take_flag(argc, argv, "batch16", "MYRIAD_BENCH_BATCH16", 1) != 0;
+  const bool int8 = take_flag(argc, argv, "int8", "MYRIAD_BENCH_INT8", 0) != 0;
   NoGradGuard ng;
-  std::printf("bench_decode: %s, f32, OMP threads %d\n",
-              argc == 2 ? argv[1] : ("preset " + preset).c_str(), omp_get_max_threads());
+  std::printf("bench_decode: %s, %s, OMP threads %d\n",
+              argc == 2 ? argv[1] : ("preset " + preset).c_str(),
+              int8 && argc == 2 ? "f32 and int8 weights" : "f32", omp_get_max_threads());
   const std::string dir = "/tmp/myriad_bench_decode_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const data::Tokenizer tok =
       data::Tokenizer::train(data::synthetic_fallback_corpus(7, 200000), 512, dir + "/t.model");
   std::filesystem::remove_all(dir);
-  if (argc == 2) return run_dir(argv[1], tok, ctx, new_tokens, chunk, show, seed, batch16);
+  if (argc == 2) return run_dir(argv[1], tok, ctx, new_tokens, chunk, show, seed, batch16, int8);
 
   const model::ModelConfig hybrid = model::preset(preset);
   const model::ModelConfig mla = all_mla(hybrid);

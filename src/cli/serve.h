@@ -16,7 +16,7 @@ class App;
 namespace myriad::cli {
 
 struct InferArgs {
-  std::string model_dir, dtype = "f32";
+  std::string model_dir, dtype = "f32", quantize = "none";
   // Engine.
   int64_t max_batch = 16, block_tokens = 256, prefill_chunk = 2048;
   int64_t context = 0;  // prompt + completion; 0: config.json's model_max_length (or 4096)

@@ -104,6 +104,24 @@ Decoder Decoder::load(const std::string& dir, DType dtype) {
   return Decoder(c, Weights::load(dir, param_specs(c), dtype));
 }
 
+int64_t Decoder::quantize_int8() {
+  const auto ends = [](const std::string& s, std::string_view e) {
+    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
+  };
+  std::vector<std::string> names;
+  for (const ParamSpec& s : weights_->specs()) {
+    const std::string& n = s.name;
+    if (s.shape.size() != 2 || s.shape[1] % ops::kInt8Group != 0) continue;
+    if (!(ends(n, "_proj.weight") || n == "lm_head.weight")) continue;
+    if (ends(n, "kv_b_proj.weight") || ends(n, "_res_proj.weight") ||
+        n.find("gate.latent_proj") != std::string::npos)
+      continue;
+    names.push_back(n);
+  }
+  weights_->quantize_int8(names);
+  return static_cast<int64_t>(names.size());
+}
+
 Decoder Decoder::random(const ModelConfig& c, uint64_t seed, DType dtype) {
   return Decoder(c, Weights::init(param_specs(c), seed, c.initializer_range, dtype));
 }
@@ -294,7 +312,7 @@ ForwardOutput Decoder::forward_impl(const Tensor& ids_BT, const std::vector<Deco
   }
   for (DecodeCache* k : caches) k->position += ids_BT.size(1);
   out.normed_BTD = ops::rms_norm(h, w("model.norm.weight"), eps);
-  if (opt.logits) out.logits_BTV = ops::linear(out.normed_BTD, w("lm_head.weight"));
+  if (opt.logits) out.logits_BTV = project(out.normed_BTD, *weights_, "lm_head.weight");
   return out;
 }
 

@@ -16,9 +16,10 @@ Tensor glu(const GluAct& a, const Tensor& gate, const Tensor& up) {
   return a.situ ? ops::situ_glu(gate, up, a.beta1, a.beta2) : ops::swiglu(gate, up);
 }
 
-Tensor glu_mlp(const GluAct& a, const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
-               const Tensor& w_down) {
-  return ops::linear(glu(a, ops::linear(x, w_gate), ops::linear(x, w_up)), w_down);
+Tensor glu_mlp(const GluAct& a, const Tensor& x, const Weights& w, const std::string& prefix) {
+  return project(
+      glu(a, project(x, w, prefix + "gate_proj.weight"), project(x, w, prefix + "up_proj.weight")),
+      w, prefix + "down_proj.weight");
 }
 
 DenseFfn::DenseFfn(const ModelConfig& c, const Weights* w, int64_t layer)
@@ -38,8 +39,7 @@ void DenseFfn::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamS
 }
 
 Tensor DenseFfn::forward(const Tensor& x_BTD) const {
-  return glu_mlp(act_, x_BTD, w_->get(prefix_ + "gate_proj.weight"),
-                 w_->get(prefix_ + "up_proj.weight"), w_->get(prefix_ + "down_proj.weight"));
+  return glu_mlp(act_, x_BTD, *w_, prefix_);
 }
 
 }  // namespace myriad::model

@@ -18,8 +18,8 @@ struct GluAct {
 // act(gate, up), element-wise.
 Tensor glu(const GluAct& a, const Tensor& gate, const Tensor& up);
 // W_down act(W_gate x, W_up x) for x [..., d].
-Tensor glu_mlp(const GluAct& a, const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
-               const Tensor& w_down);
+// prefix + {gate,up,down}_proj.weight through project() (int8 where the weights have copies).
+Tensor glu_mlp(const GluAct& a, const Tensor& x, const Weights& w, const std::string& prefix);
 
 // The dense FFN of a non-MoE layer: `model.layers.{i}.mlp.{gate,up,down}_proj.weight`
 // (kimi checkpoints saved by transformers 5.24 spell it block_sparse_moe.*; both load).

@@ -45,10 +45,8 @@ void KdaLayer::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamS
 Tensor KdaLayer::forward(const Tensor& x_BTD, KdaState* state) const {
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1), P = H_ * dk_;
   // Projections and the short conv over [q̂; k̂; v̂] (tap K-1 multiplies the current token).
-  Tensor qkv_BTC =
-      ops::concat({ops::linear(x_BTD, w("q_proj.weight")), ops::linear(x_BTD, w("k_proj.weight")),
-                   ops::linear(x_BTD, w("v_proj.weight"))},
-                  -1);
+  Tensor qkv_BTC = ops::concat(
+      {lin(x_BTD, "q_proj.weight"), lin(x_BTD, "k_proj.weight"), lin(x_BTD, "v_proj.weight")}, -1);
   Tensor wconv_CK = ops::concat(
       {ops::reshape(w("q_conv1d.weight"), {P, K_}), ops::reshape(w("k_conv1d.weight"), {P, K_}),
        ops::reshape(w("v_conv1d.weight"), {P, K_})},
@@ -62,22 +60,21 @@ Tensor KdaLayer::forward(const Tensor& x_BTD, KdaState* state) const {
   Tensor k = ops::l2norm(ops::reshape(parts[1], heads));
   Tensor v = ops::reshape(parts[2], heads);
   // Decay gate (f32) and write strength.
-  Tensor z_BTP = ops::linear(ops::linear(x_BTD, w("f_a_proj.weight")), w("f_b_proj.weight"));
+  Tensor z_BTP = lin(lin(x_BTD, "f_a_proj.weight"), "f_b_proj.weight");
   Tensor g = lower_bound_ ? ops::kda_gate_lower_bound(z_BTP, w("A_log"), w("dt_bias"), g_min_)
                           : ops::kda_gate_softplus(z_BTP, w("A_log"), w("dt_bias"));
   g = ops::reshape(g, heads);
-  Tensor beta_BTH = ops::sigmoid(ops::linear(x_BTD, w("b_proj.weight")));
+  Tensor beta_BTH = ops::sigmoid(lin(x_BTD, "b_proj.weight"));
   Tensor s0 = state ? state->S_BHKV : Tensor();
   ops::KdaOutput r = state && T == 1 ? ops::kda_step(q, k, v, g, beta_BTH, s0)
                                      : ops::kda(q, k, v, g, beta_BTH, s0);
   if (state) state->S_BHKV = r.final_state;
   // Gated RMSNorm per head (one weight shared by all heads), then o_proj.
-  Tensor gate = full_rank_gate_
-                    ? ops::linear(x_BTD, w("g_proj.weight"))
-                    : ops::linear(ops::linear(x_BTD, w("g_a_proj.weight")), w("g_b_proj.weight"));
+  Tensor gate = full_rank_gate_ ? lin(x_BTD, "g_proj.weight")
+                                : lin(lin(x_BTD, "g_a_proj.weight"), "g_b_proj.weight");
   Tensor o = ops::mul(ops::rms_norm(r.o, w("o_norm.weight"), eps_),
                       ops::sigmoid(ops::reshape(gate, heads)));
-  return ops::linear(ops::reshape(o, {B, T, P}), w("o_proj.weight"));
+  return lin(ops::reshape(o, {B, T, P}), "o_proj.weight");
 }
 
 Tensor KdaLayer::forward_batch(const Tensor& x_N1D, const std::vector<KdaState*>& states) const {

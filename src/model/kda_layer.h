@@ -25,6 +25,8 @@ class KdaLayer {
 
  private:
   const Tensor& w(const char* name) const { return w_->get(prefix_ + name); }
+  // x . W^T through project() (int8 where the weights have a copy).
+  Tensor lin(const Tensor& x, const char* name) const { return project(x, *w_, prefix_ + name); }
   const Weights* w_;
   std::string prefix_;
   int64_t H_, dk_, K_;

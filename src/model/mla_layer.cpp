@@ -330,13 +330,13 @@ Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>&
   const int64_t pos0 = pos[0];
   const std::vector<int64_t> no_rows;
   const std::vector<int64_t>& row_pos = batched ? pos : no_rows;
-  Tensor q = q_lora_ ? ops::linear(ops::rms_norm(ops::linear(x_BTD, w("q_a_proj.weight")),
-                                                 w("q_a_layernorm.weight"), kLoraNormEps),
-                                   w("q_b_proj.weight"))
-                     : ops::linear(x_BTD, w("q_proj.weight"));
+  Tensor q = q_lora_ ? lin(ops::rms_norm(lin(x_BTD, "q_a_proj.weight"), w("q_a_layernorm.weight"),
+                                         kLoraNormEps),
+                           "q_b_proj.weight")
+                     : lin(x_BTD, "q_proj.weight");
   Tensor q_BTHQ = ops::reshape(q, {B, T, H_, dn_ + dr_});
   Tensor q_nope = q_BTHQ, q_pe;
-  Tensor kva = ops::linear(x_BTD, w("kv_a_proj_with_mqa.weight"));
+  Tensor kva = lin(x_BTD, "kv_a_proj_with_mqa.weight");
   Tensor c_BTR = kva, k_pe;
   if (dr_ > 0) {
     auto qs = ops::split(q_BTHQ, {dn_, dr_}, -1);
@@ -359,9 +359,8 @@ Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>&
   if (gate_BT) *gate_BT = a_BT;
   if (!state) {
     // MHA mode: per-head keys [k^nope ; k^pe] and values from the expanded latents.
-    auto kv =
-        ops::split(ops::reshape(ops::linear(c_BTR, w("kv_b_proj.weight")), {B, T, H_, dn_ + dv_}),
-                   {dn_, dv_}, -1);
+    auto kv = ops::split(ops::reshape(lin(c_BTR, "kv_b_proj.weight"), {B, T, H_, dn_ + dv_}),
+                         {dn_, dv_}, -1);
     Tensor k = kv[0], qf = q_BTHQ;
     if (dr_ > 0) {  // k^pe is shared by all heads
       std::vector<Tensor> rep(H_, ops::unsqueeze(k_pe, 2));
@@ -399,8 +398,8 @@ Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>&
     o_BTO = ops::reshape(ops::permute(ops::reshape(o, {H_, B, T, dv_}), {1, 2, 0, 3}),
                          {B, T, H_ * dv_});
   }
-  if (gate_) o_BTO = ops::mul(o_BTO, ops::sigmoid(ops::linear(x_BTD, w("g_proj.weight"))));
-  return ops::linear(o_BTO, w("o_proj.weight"));
+  if (gate_) o_BTO = ops::mul(o_BTO, ops::sigmoid(lin(x_BTD, "g_proj.weight")));
+  return lin(o_BTO, "o_proj.weight");
 }
 
 }  // namespace myriad::model

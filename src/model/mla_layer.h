@@ -47,6 +47,8 @@ class MlaLayer {
 
  private:
   const Tensor& w(const char* name) const { return w_->get(prefix_ + name); }
+  // x . W^T through project() (int8 where the weights have a copy).
+  Tensor lin(const Tensor& x, const char* name) const { return project(x, *w_, prefix_ + name); }
   // x [B, T, (H,) d_pe] at positions pos0 + t, or (row_pos given, T = 1) row b at row_pos[b].
   Tensor rotate(const Tensor& x, int64_t pos0, const std::vector<int64_t>& row_pos = {}) const;
   Tensor forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>& states,

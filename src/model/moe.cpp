@@ -92,10 +92,10 @@ void Moe::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>&
 Routing Moe::route(const Tensor& x_ND) const {
   const int64_t N = x_ND.size(0);
   Tensor s_NE = ops::sigmoid(
-      latent_router_ ? ops::mul(ops::linear(ops::linear(x_ND, w("gate.latent_proj.weight")),
-                                            w("gate.expert_embed")),
-                                router_scale_)
-                     : ops::linear(x_ND, w("gate.weight")));
+      latent_router_
+          ? ops::mul(ops::linear(lin(x_ND, "gate.latent_proj.weight"), w("gate.expert_embed")),
+                     router_scale_)
+          : ops::linear(x_ND, w("gate.weight")));
   Tensor idx;
   {
     NoGradGuard ng;  // selection carries no gradient; the bias only selects
@@ -127,20 +127,21 @@ Tensor Moe::run_experts(const Tensor& xs_MD, const std::vector<int64_t>& counts,
   MYRIAD_CHECK(first >= 0 && first + static_cast<int64_t>(counts.size()) <= n_, "model: experts ",
                first, " + ", counts.size(), " of ", n_);
   std::vector<int64_t> offsets = {0};
-  std::vector<Tensor> wg, wu, wd;
+  std::vector<std::string> wg, wu, wd;
   for (size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] == 0) continue;
     const int64_t j = first + static_cast<int64_t>(i);
     offsets.push_back(offsets.back() + counts[i]);
-    wg.push_back(w(expert(j, 0))), wu.push_back(w(expert(j, 1))), wd.push_back(w(expert(j, 2)));
+    wg.push_back(prefix_ + expert(j, 0)), wu.push_back(prefix_ + expert(j, 1));
+    wd.push_back(prefix_ + expert(j, 2));
   }
   MYRIAD_CHECK(offsets.back() == xs_MD.size(0), "model: expert counts sum to ", offsets.back(),
                " but ", xs_MD.size(0), " rows came");
   // No rows (a rank whose experts got no tokens): an empty result that stays in the graph.
   if (wg.empty()) return ops::mul(xs_MD, 0.0);
   Tensor h =
-      glu(act_, ops::grouped_linear(xs_MD, offsets, wg), ops::grouped_linear(xs_MD, offsets, wu));
-  return ops::grouped_linear(h, offsets, wd);
+      glu(act_, project_grouped(xs_MD, offsets, *w_, wg), project_grouped(xs_MD, offsets, *w_, wu));
+  return project_grouped(h, offsets, *w_, wd);
 }
 
 Tensor Moe::forward(const Tensor& x_BTD) const {
@@ -162,7 +163,7 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
       const int64_t q = at[ids[t * k_ + s]]++;
       tok[q] = t, slot[q] = t * k_ + s;
     }
-  Tensor xin = latent_ ? ops::linear(x_ND, w("routed_expert_down_proj.weight")) : x_ND;
+  Tensor xin = latent_ ? lin(x_ND, "routed_expert_down_proj.weight") : x_ND;
   const int64_t M = N * k_;
   Tensor tok_t = Tensor::from_ints(tok, {M}, DType::I64, xin.device());
   Tensor slot_t = Tensor::from_ints(slot, {M}, DType::I64, xin.device());
@@ -175,12 +176,9 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
       ops::index_add(Tensor::zeros({N, xin.size(1)}, xin.dtype(), xin.device()), 0, tok_t, ys);
   if (latent_) {
     if (latent_norm_) y = ops::rms_norm(y, w("routed_expert_norm.weight"), eps_);
-    y = ops::linear(y, w("routed_expert_up_proj.weight"));
+    y = lin(y, "routed_expert_up_proj.weight");
   }
-  if (shared_ > 0)
-    y = ops::add(y,
-                 glu_mlp(act_, x_ND, w("shared_experts.gate_proj.weight"),
-                         w("shared_experts.up_proj.weight"), w("shared_experts.down_proj.weight")));
+  if (shared_ > 0) y = ops::add(y, glu_mlp(act_, x_ND, *w_, prefix_ + "shared_experts."));
   return ops::reshape(y, {B, T, d});
 }
 

@@ -65,6 +65,10 @@ class Moe {
 
  private:
   const Tensor& w(const std::string& name) const { return w_->get(prefix_ + name); }
+  // x . W^T through project() (int8 where the weights have a copy).
+  Tensor lin(const Tensor& x, const std::string& name) const {
+    return project(x, *w_, prefix_ + name);
+  }
   std::string expert(int64_t j, int which) const;  // which: 0 gate, 1 up, 2 down
   const Weights* w_;
   std::string prefix_;

@@ -8,6 +8,7 @@
 #include "core/random.h"
 #include "io/safetensors.h"
 #include "model/quant.h"
+#include "ops/matmul.h"
 #include "ops/shape.h"
 
 namespace myriad::model {
@@ -204,6 +205,37 @@ void Weights::save(const std::string& path) const {
     m[s && !s->save_as.empty() ? s->save_as : n] = out;
   }
   safetensors::save(path, m);
+}
+
+void Weights::quantize_int8(const std::vector<std::string>& names) {
+  for (const std::string& n : names) int8_.insert_or_assign(n, ops::quantize_int8(get(n)));
+}
+
+const ops::Int8Weight* Weights::int8(const std::string& name) const {
+  const auto it = int8_.find(name);
+  return it == int8_.end() ? nullptr : &it->second;
+}
+
+int64_t Weights::int8_bytes() const {
+  int64_t b = 0;
+  for (const auto& [n, q] : int8_) b += q.bytes();
+  return b;
+}
+
+Tensor project(const Tensor& x, const Weights& w, const std::string& name) {
+  if (const ops::Int8Weight* q = w.int8(name)) return ops::linear_int8(x, *q);
+  return ops::linear(x, w.get(name));
+}
+
+Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
+                       const std::vector<std::string>& names) {
+  std::vector<const ops::Int8Weight*> q;
+  for (const std::string& n : names)
+    if (const ops::Int8Weight* p = w.int8(n)) q.push_back(p);
+  if (!q.empty() && q.size() == names.size()) return ops::grouped_linear_int8(x, offsets, q);
+  std::vector<Tensor> t;
+  for (const std::string& n : names) t.push_back(w.get(n));
+  return ops::grouped_linear(x, offsets, t);
 }
 
 }  // namespace myriad::model

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/int8.h"
 
 namespace myriad::model {
 
@@ -70,11 +71,26 @@ class Weights {
   // Writes the store in checkpoint layout to `path` (a .safetensors file).
   void save(const std::string& path) const;
 
+  // Inference with weight-only int8 (ops/int8.h): an int8 copy of each named [out, in] weight,
+  // which project() then uses. The f32/bf16 tensors stay: training, export and the ops that read
+  // a weight directly (MLA's absorbed decode) use them.
+  void quantize_int8(const std::vector<std::string>& names);
+  const ops::Int8Weight* int8(const std::string& name) const;  // nullptr: none
+  int64_t int8_bytes() const;                                  // codes + scales of all copies
+
  private:
   std::map<std::string, Tensor> tensors_;
   std::vector<ParamSpec> specs_;
   std::vector<std::string> skipped_;
+  std::map<std::string, ops::Int8Weight> int8_;
 };
+
+// x [..., in] . W^T for the [out, in] weight `name` (nn.Linear without bias), through its int8
+// copy when quantize_int8() made one.
+Tensor project(const Tensor& x, const Weights& w, const std::string& name);
+// grouped_linear over the named weights (a MoE's experts), int8 when every one has a copy.
+Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
+                       const std::vector<std::string>& names);
 
 // "model.layers.{i}." (0-based i).
 inline std::string layer_prefix(int64_t i) {
