@@ -271,7 +271,10 @@ constexpr auto dots_table(std::index_sequence<I...>) {
       &dots<T, static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1), W>...};
 }
 
-#if defined(__x86_64__)
+// Only where the kernels are cloned (cpu.h): the intrinsics fuse multiply-adds as the AVX2 and
+// AVX-512 clones do; the sanitizer builds run the baseline code, which does not.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define MYRIAD_INT8_INTRINSICS 1
 // dots for int8 codes with the sign extension as one load-and-widen instruction per vector
 // (vpmovsxbd): GCC 12 widens int8 vector-extension lanes through int16 with 13 shuffles per 16
 // codes, which bounded the kernel at ~9 GB/s of codes on two cores. The same lanes, products
@@ -362,7 +365,7 @@ template <class T>
 const auto& dots_for() {
   static constexpr auto wide = dots_table<T, 16>(std::make_index_sequence<kTile * kTile>{});
   static constexpr auto narrow = dots_table<T, 8>(std::make_index_sequence<kTile * kTile>{});
-#if defined(__x86_64__)
+#if defined(MYRIAD_INT8_INTRINSICS)
   if constexpr (std::is_same_v<T, int8_t>) {
     static constexpr auto v4 = codes_table_avx512(std::make_index_sequence<kTile * kTile>{});
     static constexpr auto v3 = codes_table_avx2(std::make_index_sequence<kTile * kTile>{});
