@@ -117,18 +117,23 @@ TEST(K3, GradcheckF64) {
   }
 }
 
+// Max |Δ| between the full forward's logits and a prefill of the first `prefill` tokens followed by
+// one-token steps through the cache.
+double decode_vs_full(const Decoder& m, const Tensor& ids, int64_t prefill) {
+  NoGradGuard ng;
+  const Tensor full = m.forward(ids).logits_BTV;
+  DecodeCache cache = m.new_cache();
+  std::vector<Tensor> parts = {
+      m.forward(ops::contiguous(ops::slice(ids, 1, 0, prefill)), &cache).logits_BTV};
+  for (int64_t t = prefill; t < ids.size(1); ++t)
+    parts.push_back(m.forward(ops::contiguous(ops::slice(ids, 1, t, t + 1)), &cache).logits_BTV);
+  return max_abs_diff(ops::concat(parts, 1), full);
+}
+
 TEST(K3, DecodeEqualsFullForward) {
   const ModelConfig c = k3_small();
   Decoder m = random_model(c, DType::F32, 6);
-  NoGradGuard ng;
-  const Tensor ids = token_ids(2, 11, c.vocab_size, 7);
-  Tensor full = m.forward(ids).logits_BTV;
-  DecodeCache cache = m.new_cache();
-  std::vector<Tensor> parts = {
-      m.forward(ops::contiguous(ops::slice(ids, 1, 0, 4)), &cache).logits_BTV};
-  for (int64_t t = 4; t < 11; ++t)
-    parts.push_back(m.forward(ops::contiguous(ops::slice(ids, 1, t, t + 1)), &cache).logits_BTV);
-  EXPECT_LE(max_abs_diff(ops::concat(parts, 1), full), 1e-4);
+  EXPECT_LE(decode_vs_full(m, token_ids(2, 11, c.vocab_size, 7), 4), 1e-4);
 }
 
 // Weight-only int8 inference (ops/int8.h) on a K3 model whose projections have input dimensions
@@ -158,16 +163,11 @@ TEST(K3, Int8WeightsDecodeAndTrackF32) {
   EXPECT_FALSE(m.weights().int8("model.layers.2.self_attn.kv_b_proj.weight"));
   EXPECT_TRUE(m.weights().int8("lm_head.weight"));
   EXPECT_NEAR(static_cast<double>(m.weights().int8_bytes()) / f32_bytes, 0.25 + 1.0 / 32, 1e-9);
-  NoGradGuard ng;
-  const Tensor full = m.forward(ids).logits_BTV;
-  DecodeCache cache = m.new_cache();
-  std::vector<Tensor> parts = {
-      m.forward(ops::contiguous(ops::slice(ids, 1, 0, 20)), &cache).logits_BTV};
-  for (int64_t t = 20; t < 40; ++t)
-    parts.push_back(m.forward(ops::contiguous(ops::slice(ids, 1, t, t + 1)), &cache).logits_BTV);
   // (Logits up to ~10 on this model, which amplifies rounding: 1.1e-4 in the sanitizer build, whose
   // kernels run without fused multiply-adds.)
-  EXPECT_LE(max_abs_diff(ops::concat(parts, 1), full), 1e-3);
+  EXPECT_LE(decode_vs_full(m, ids, 20), 1e-3);
+  NoGradGuard ng;
+  const Tensor full = m.forward(ids).logits_BTV;
   // Against f32: the error relative to the logits' range, and the top-1 token per position.
   // (Mean absolute values: a routing choice that flips moves a few positions' logits a lot.)
   double scale = 0, err = 0;

@@ -185,35 +185,17 @@ inline void load_lanes(typename Lanes<W>::F& v, const uint16_t* p) {
   const U u = __builtin_convertvector(h, U) << 16;
   std::memcpy(&v, &u, sizeof v);
 }
-// 16 int8 codes (ops/int8.h), converted exactly; the caller multiplies by the group's scale.
-// Through int16 and int32 lanes: GCC 12 turns a direct int8 -> int32 or float conversion into
-// scalar code, the int8 -> int16 one into vpmovsxbw.
+// int8 codes (ops/int8.h), converted exactly; the caller multiplies by the group's scale. Only
+// the generic int8 path loads them so (sanitizer builds, CPUs without AVX2, a forced width the CPU
+// lacks); the cloned builds run the intrinsic loops below.
 template <int W>
-inline void load16_codes(typename Lanes<W>::F* v, const int8_t* p) {
-  typedef int8_t B __attribute__((vector_size(16)));
-  typedef int16_t S __attribute__((vector_size(32)));
-  B b;
-  std::memcpy(&b, p, sizeof b);
-  const S s = __builtin_convertvector(b, S);
-  if constexpr (W == 16) {
-    typedef int32_t I __attribute__((vector_size(64)));
-    v[0] = __builtin_convertvector(__builtin_convertvector(s, I), typename Lanes<W>::F);
-  } else {
-    typedef int32_t I __attribute__((vector_size(32)));
-    const auto lo = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7);
-    const auto hi = __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
-    v[0] = __builtin_convertvector(__builtin_convertvector(lo, I), typename Lanes<W>::F);
-    v[1] = __builtin_convertvector(__builtin_convertvector(hi, I), typename Lanes<W>::F);
-  }
+inline void load_lanes(typename Lanes<W>::F& v, const int8_t* p) {
+  for (int l = 0; l < W; ++l) v[l] = static_cast<float>(p[l]);
 }
 // kLanes elements from p as kLanes / W vectors; the last n < kLanes elements zero-padded.
 template <int W, class T>
 inline void load16(typename Lanes<W>::F* v, const T* p) {
-  if constexpr (std::is_same_v<T, int8_t>) {
-    load16_codes<W>(v, p);
-  } else {
-    for (int q = 0; q < kLanes / W; ++q) load_lanes<W>(v[q], p + q * W);
-  }
+  for (int q = 0; q < kLanes / W; ++q) load_lanes<W>(v[q], p + q * W);
 }
 template <int W, class T>
 inline void load_tail(typename Lanes<W>::F* v, const T* p, int64_t n) {
