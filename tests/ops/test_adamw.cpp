@@ -36,6 +36,30 @@ TEST(Adamw, CpuKernelEqualsReferenceBitForBit) {
   }
 }
 
+// The CUDA kernel (f64 arithmetic in round-to-nearest intrinsics, no fused multiply-adds) gives
+// the reference's bits too.
+TEST(Adamw, CudaKernelEqualsReferenceBitForBit) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
+  const int64_t n = 100003;
+  const Tensor w0 = randn({n}, 50), g0 = ops::mul(randn({n}, 51), 1e-2);
+  const Tensor m0 = ops::mul(randn({n}, 52), 1e-3);
+  const Tensor v0 = ops::abs(ops::mul(randn({n}, 53), 1e-5));
+  for (int step : {1, 1000}) {
+    const ops::AdamwArgs a{
+        3e-3, 0.9, 0.95, 1e-8, 0.1, 1 - std::pow(0.9, step), 1 - std::pow(0.95, step)};
+    Tensor w = w0.clone(), m = m0.clone(), v = v0.clone();
+    {
+      ops::ReferenceMode ref;
+      ops::adamw_update(w, g0, m, v, a);
+    }
+    Tensor wd = w0.to(cuda(0)), md = m0.to(cuda(0)), vd = v0.to(cuda(0));
+    ops::adamw_update(wd, g0.to(cuda(0)), md, vd, a);
+    EXPECT_EQ(wd.to(kCPU).to_floats(), w.to_floats()) << "step " << step;
+    EXPECT_EQ(md.to(kCPU).to_floats(), m.to_floats()) << "step " << step;
+    EXPECT_EQ(vd.to(kCPU).to_floats(), v.to_floats()) << "step " << step;
+  }
+}
+
 TEST(Adamw, OneElementByHand) {
   // Step 1 from zero moments: m = 0.1 g, v = 0.05 g^2, m/bc1 = g, v/bc2 = g^2, so the update is
   // g / (|g| + eps) + wd w = 1 + 0.1 * 2 (g = 0.5, w = 2).

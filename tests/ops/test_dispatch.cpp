@@ -1,3 +1,6 @@
+#include "ops/adamw.h"
+#include "ops/gelu.h"
+#include "ops/int8.h"
 #include "tests/ops/op_test.h"
 
 namespace myriad::testing {
@@ -26,32 +29,62 @@ TEST(Dispatch, ReferenceModeRoutesCpuTensors) {
   EXPECT_EQ(ops::backend_for(kCPU, DType::F64), ops::Backend::Reference);
 }
 
+// Calls f on every op's kernel table but the two that only the CPU has (int8_gemm: weight-only
+// int8 decode; grouped_gemm: without a grouped kernel each group runs the GEMM kernel).
+template <class F>
+void for_each_table(F&& f) {
+  f(ops::binary_kernels());
+  f(ops::scalar_kernels());
+  f(ops::pow_kernels());
+  f(ops::unary_kernels());
+  f(ops::unary_backward_kernels());
+  f(ops::axpy_kernels());
+  f(ops::reduce_kernels());
+  f(ops::gemm_kernels());
+  f(ops::softmax_kernels());
+  f(ops::softmax_backward_kernels());
+  f(ops::rms_norm_kernels());
+  f(ops::rms_norm_backward_kernels());
+  f(ops::cross_entropy_rows_kernels());
+  f(ops::gather_kernels());
+  f(ops::scatter_add_kernels());
+  f(ops::embedding_kernels());
+  f(ops::embedding_backward_kernels());
+  f(ops::topk_kernels());
+  f(ops::cumsum_kernels());
+  f(ops::conv1d_kernels());
+  f(ops::conv1d_backward_kernels());
+  f(ops::attention_kernels());
+  f(ops::attention_backward_kernels());
+  f(ops::attn_res_kernels());
+  f(ops::attn_res_backward_kernels());
+  f(ops::kda_kernels());
+  f(ops::kda_backward_kernels());
+  f(ops::kda_step_kernels());
+  f(ops::glu_kernels());
+  f(ops::glu_backward_kernels());
+  f(ops::gelu_kernels());
+  f(ops::gelu_backward_kernels());
+  f(ops::adamw_kernels());
+}
+
 TEST(Dispatch, EveryOpHasReferenceAndCpuKernels) {
-  auto both = [](const auto& t) {
+  for_each_table([](const auto& t) {
     EXPECT_TRUE(t.has(ops::Backend::Reference)) << t.op();
     EXPECT_TRUE(t.has(ops::Backend::CPU)) << t.op();
-  };
-  both(ops::binary_kernels());
-  both(ops::scalar_kernels());
-  both(ops::pow_kernels());
-  both(ops::unary_kernels());
-  both(ops::unary_backward_kernels());
-  both(ops::axpy_kernels());
-  both(ops::reduce_kernels());
-  both(ops::gemm_kernels());
-  both(ops::softmax_kernels());
-  both(ops::softmax_backward_kernels());
-  both(ops::rms_norm_kernels());
-  both(ops::rms_norm_backward_kernels());
-  both(ops::cross_entropy_rows_kernels());
-  both(ops::gather_kernels());
-  both(ops::scatter_add_kernels());
-  both(ops::embedding_kernels());
-  both(ops::embedding_backward_kernels());
-  both(ops::topk_kernels());
-  both(ops::cumsum_kernels());
-  both(ops::conv1d_kernels());
-  both(ops::conv1d_backward_kernels());
+  });
+  EXPECT_TRUE(ops::int8_gemm_kernels().has(ops::Backend::CPU));
+  EXPECT_TRUE(ops::grouped_gemm_kernels().has(ops::Backend::CPU));
+}
+
+// A build with the CUDA backend registers a CUDA kernel for every op (checked without a GPU: the
+// registration is static), so no model op fails on a CUDA tensor for want of one.
+TEST(Dispatch, EveryOpHasACudaKernelInCudaBuilds) {
+#ifdef MYRIAD_HAVE_CUDA
+  for_each_table([](const auto& t) { EXPECT_TRUE(t.has(ops::Backend::CUDA)) << t.op(); });
+#else
+  GTEST_SKIP() << "built without the CUDA backend";
+#endif
 }
 
 }  // namespace

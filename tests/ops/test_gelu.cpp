@@ -8,9 +8,8 @@
 namespace myriad::testing {
 namespace {
 
-// The fused exact GELU has no CUDA kernel yet, so its suite runs on the CPU backend only.
 class Gelu : public OpTest {};
-INSTANTIATE_TEST_SUITE_P(Backends, Gelu, ::testing::Values(ops::Backend::CPU), backend_param_name);
+MYRIAD_OP_TEST_SUITE(Gelu);
 
 const std::vector<double> kPoints = {-30, -6, -3, -1.5, -0.7, -1e-3, 0, 1e-3, 0.5, 1, 2.5, 6, 30};
 
