@@ -193,6 +193,16 @@ Weights Weights::to(DType dtype) const {
   return w;
 }
 
+Weights Weights::to(Device device) const {
+  MYRIAD_CHECK(int8_.empty(), "weights: to(", device.str(),
+               ") of int8-quantized weights is not supported (quantize after the move)");
+  Weights w;
+  w.specs_ = specs_;
+  w.skipped_ = skipped_;
+  for (const auto& [n, t] : tensors_) w.tensors_[n] = t.detach().to(device).contiguous();
+  return w;
+}
+
 void Weights::save(const std::string& path) const {
   std::map<std::string, const ParamSpec*> spec;
   for (const auto& s : specs_) spec[s.name] = &s;
