@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# The GPU check, for a machine with an NVIDIA GPU: configures a release build with the CUDA
-# backend, builds the test binaries and bench_cuda_gemm, runs the CUDA tests (the /cuda instances
-# of the op tests, the CudaBackend suite, the device checks), the collectives and the data- and
-# expert-parallel trainer tests on NCCL (one rank per GPU), then the bf16 GEMM benchmark.
+# The GPU check, for a machine with an NVIDIA GPU: every CUDA test (the /cuda instances of the op
+# tests, the CudaBackend suite, the model on the device against the CPU model), then the
+# benchmarks (bf16 GEMM; KDA, training and decode of the `medium` model), with one summary table.
+# Two ways to get the programs:
+#   - build here (the default): a release build with the CUDA backend (needs Myriad's build
+#     dependencies: scripts/install-deps.sh);
+#   - MYRIAD_GPU_PREBUILT=path/bundle.tgz: programs packed by tools/gpu_bundle.sh on a machine
+#     with the dependencies (for a GPU machine that has CUDA but nothing else, and no network).
+# The NCCL collectives run too when the build has the plugin and mpirun is present.
 # Logs go to $OUT when set (the device runner's output folder), else to the build folder.
 #
-#   tools/gpu_check.sh                    (MYRIAD_GPU_CHECK_ALL=1 runs every test, not only CUDA)
-# Exit status: 0 when the tests (failures of ops that have no CUDA kernel yet aside) and the
-# benchmark's result check pass.
+#   tools/gpu_check.sh                  MYRIAD_GPU_CHECK_ALL=1: every test, not only CUDA ones
+#   MYRIAD_GPU_BENCH=0 tools/gpu_check.sh   skip the benchmarks
+# Exit status: 0 when every test that ran passed and the benchmarks' own checks passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+root=$PWD
 build=${MYRIAD_GPU_BUILD:-build/gpu}
 logs=${OUT:-$build}
 jobs=${MYRIAD_JOBS:-$(nproc)}
-mkdir -p "$build" "$logs"
+mkdir -p "$logs"
+logs=$(cd "$logs" && pwd)
 t0=$SECONDS
 phase() { echo "== $* ($((SECONDS - t0)) s) =="; }
 
@@ -21,90 +28,109 @@ phase "device"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 ||
   echo "nvidia-smi unavailable"
 
-phase "configure"
-# CMake 3.25 does not know nvcc's C++20 flag; name it (newer CMake sets the same value).
-flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DMYRIAD_CUDA=ON
-  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20
-  -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20)
-tests=()  # one test program per tests/<folder>
-for d in tests/*/; do compgen -G "$d*.cpp" >/dev/null && tests+=("test_$(basename "$d")"); done
-targets=("${tests[@]}" bench_cuda_gemm)
-if ! cmake -S . -B "$build" "${flags[@]}" -DMYRIAD_BENCH=ON >"$logs/configure.log" 2>&1; then
-  echo "configure with benchmarks failed (Google Benchmark missing?); retrying without"
-  targets=("${tests[@]}")
-  cmake -S . -B "$build" "${flags[@]}" -DMYRIAD_BENCH=OFF >"$logs/configure.log" 2>&1 || {
+if [ -n "${MYRIAD_GPU_PREBUILT:-}" ]; then
+  phase "unpack $MYRIAD_GPU_PREBUILT"
+  unpacked=/tmp/myriad-gpu
+  rm -rf "$unpacked" && mkdir -p "$unpacked" && tar -C "$unpacked" -xzf "$MYRIAD_GPU_PREBUILT" ||
+    exit 1
+  bin=$unpacked/bundle/bin
+  echo "bundle of commit $(cat "$unpacked/bundle/commit")"
+  # CUDA's libraries from this machine's install (the bundle leaves them out).
+  cudalib=$(ldconfig -p | awk '/libcublasLt\.so\.13/ {print $NF; exit}')
+  [ -z "$cudalib" ] && cudalib=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13*' \
+    2>/dev/null | head -1)
+  [ -z "$cudalib" ] && { echo "no libcublasLt.so.13 on this machine"; exit 1; }
+  export LD_LIBRARY_PATH=$unpacked/bundle/lib:$(dirname "$cudalib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # The tests find their fixtures through the source path compiled in: point it here.
+  src=$(cat "$unpacked/bundle/source_dir")
+  if [ "$src" != "$root" ] && [ ! -e "$src/tests/fixtures" ]; then
+    mkdir -p "$(dirname "$src")" && ln -sfn "$root" "$src"
+  fi
+else
+  phase "configure"
+  flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DMYRIAD_CUDA=ON)
+  targets=(test_ops test_model test_core bench_cuda_gemm bench_cuda_model)
+  if ! cmake -S . -B "$build" "${flags[@]}" -DMYRIAD_BENCH=ON >"$logs/configure.log" 2>&1; then
     tail -30 "$logs/configure.log"
     exit 1
-  }
-fi
-grep "CUDA backend" "$logs/configure.log"
-
-phase "build (${targets[*]}, -j $jobs)"
-if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
-  grep -E "error|FAILED" "$logs/build.log" | head -40
-  exit 1
+  fi
+  grep "CUDA backend" "$logs/configure.log"
+  phase "build (${targets[*]}, -j $jobs)"
+  if ! cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$logs/build.log" 2>&1; then
+    grep -E "error|FAILED" "$logs/build.log" | head -40
+    exit 1
+  fi
+  bin=$build
 fi
 
 status=0
-phase "CUDA tests"
-filter='cuda|Cuda|Device'  # the /cuda instances, CudaBackend.*, device-mismatch checks
-[ "${MYRIAD_GPU_CHECK_ALL:-0}" = 1 ] && filter='.'
-junit="$(cd "$logs" && pwd)/ctest.xml"
-ctest --test-dir "$build" -R "$filter" -j 8 --timeout 300 --output-on-failure \
-  --output-junit "$junit" >"$logs/ctest.log" 2>&1 || status=1
-grep -E "tests passed|tests failed" "$logs/ctest.log"
-# Skips mean the GPU was not seen: worth knowing before reading a pass as a GPU pass.
-grep -c "\*\*\*Skipped" "$logs/ctest.log" | xargs -I{} echo "skipped tests: {}"
-# Failures of ops that have no CUDA kernel yet are expected; any other failure is real.
-if [ $status != 0 ] && command -v python3 >/dev/null; then
-  python3 - "$junit" <<'PY' || status=2
-import re, sys, xml.etree.ElementTree as ET
-missing, real = {}, []
-for case in ET.parse(sys.argv[1]).getroot().iter("testcase"):
-    if case.get("status") != "fail":
-        continue
-    out = "".join(e.text or "" for e in case.iter() if e.tag in ("system-out", "failure"))
-    ops = set(re.findall(r"op '(\w+)' has no kernel for device cuda", out))
-    if ops:
-        for op in ops:
-            missing.setdefault(op, []).append(case.get("name"))
-    else:
-        real.append(case.get("name"))
-for op, names in sorted(missing.items()):
-    print(f"no CUDA kernel for '{op}' (expected): {len(names)} tests")
-for name in real:
-    print(f"REAL FAILURE: {name}")
-sys.exit(1 if real else 0)
+filter_ops='*/cuda:*Cuda*:*Device*'
+filter_model='CudaModel.*'
+if [ "${MYRIAD_GPU_CHECK_ALL:-0}" = 1 ]; then filter_ops='*'; filter_model='*'; fi
+for t in "test_ops:$filter_ops" "test_model:$filter_model" "test_core:*Cuda*:*cuda*"; do
+  prog=${t%%:*} filter=${t#*:}
+  [ -x "$bin/$prog" ] || { echo "$prog missing"; status=1; continue; }
+  phase "$prog --gtest_filter=$filter"
+  OMP_NUM_THREADS=8 timeout "${MYRIAD_GPU_TEST_TIMEOUT:-900}" "$bin/$prog" --gtest_filter="$filter" \
+    --gtest_output="xml:$logs/$prog.xml" >"$logs/$prog.log" 2>&1 || status=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests? ran" "$logs/$prog.log" | head -4
+done
+# One table: per suite, passed / failed / skipped, then each failure's first message line.
+python3 - "$logs" <<'PY' || status=1
+import glob, re, sys, xml.etree.ElementTree as ET
+rows, fails = {}, []
+for f in sorted(glob.glob(sys.argv[1] + "/test_*.xml")):
+    for case in ET.parse(f).getroot().iter("testcase"):
+        suite = case.get("classname", "?")
+        r = rows.setdefault(suite, [0, 0, 0])
+        failure = case.find("failure")
+        if case.find("skipped") is not None or case.get("result") == "skipped":
+            r[2] += 1
+        elif failure is not None:
+            r[1] += 1
+            msg = (failure.get("message") or "").strip().splitlines()
+            fails.append(f"{suite}.{case.get('name')}: {msg[0][:200] if msg else ''}")
+        else:
+            r[0] += 1
+print("| suite | passed | failed | skipped |\n|---|---|---|---|")
+for s, (p, fl, sk) in rows.items():
+    print(f"| {s} | {p} | {fl} | {sk} |")
+tot = [sum(r[i] for r in rows.values()) for i in range(3)]
+print(f"| total | {tot[0]} | {tot[1]} | {tot[2]} |")
+for f in fails:
+    print("FAILED", f)
+sys.exit(1 if tot[1] else 0)
 PY
-  [ $status = 1 ] && status=0  # only missing kernels
-  [ $status = 2 ] && status=1
-fi
-[ $status != 0 ] && grep -E "\*\*\*Failed|\*\*\*Exception|Timeout" "$logs/ctest.log" | head -60
 
-# NCCL: the communicator tests and the data- and expert-parallel trainer tests with every
-# collective on NCCL, one rank per GPU (NCCL refuses two ranks on one device: on a one-GPU
-# machine the trainer tests that need 2 ranks skip, and the communicator runs at one rank).
-if [ -f "$build/libmyriad_nccl.so" ] && command -v mpirun >/dev/null; then
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
-  gpus=${gpus:-0}
-  [ "$gpus" -lt 1 ] && gpus=1
-  phase "NCCL collectives and trainer tests, $gpus rank(s)"
-  if ! OMP_NUM_THREADS=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    MYRIAD_COMM=nccl timeout 300 mpirun --oversubscribe -np "$gpus" \
-    -x OMP_NUM_THREADS -x MYRIAD_COMM "$build/test_dist" \
-    --gtest_filter='Comm.*:ExpertParallel.*:DataParallel.BitwiseEqualToOneProcess:DataParallel.CollectiveBytesMatchPlanner' \
-    >"$logs/nccl.log" 2>&1; then
-    status=1
-    grep -E "FAILED|Failure|error|backend" "$logs/nccl.log" | head -30
+if [ "${MYRIAD_GPU_BENCH:-1}" = 1 ]; then
+  if [ -x "$bin/bench_cuda_gemm" ]; then
+    phase "bench_cuda_gemm"
+    timeout 120 "$bin/bench_cuda_gemm" 2>&1 | tee "$logs/bench_cuda_gemm.log" || status=1
   fi
-  grep -E "\[ Comm \] backend|PASSED|SKIPPED \]" "$logs/nccl.log" | sort -u | head -10
-else
-  echo "NCCL plugin or mpirun missing: the NCCL tests did not run"
+  if [ -x "$bin/bench_cuda_model" ]; then
+    # One process per part, each under its own limit (MYRIAD_GPU_PARTS="part:seconds ...").
+    for pt in ${MYRIAD_GPU_PARTS:-kda:60 train:120 decode:180}; do
+      phase "bench_cuda_model parts=${pt%%:*}"
+      timeout "${pt#*:}" "$bin/bench_cuda_model" config="$root/configs/medium" parts="${pt%%:*}" \
+        ${MYRIAD_GPU_MODEL_ARGS:-} 2>&1 | tee -a "$logs/bench_cuda_model.log" || status=1
+    done
+  fi
 fi
 
-if [ -x "$build/bench_cuda_gemm" ]; then
-  phase "bench_cuda_gemm"
-  "$build/bench_cuda_gemm" 2>&1 | tee "$logs/bench_cuda_gemm.log" || status=1
+# NCCL: the communicator tests with every collective on NCCL, one rank per GPU (a build-here
+# run only: the bundle carries no MPI).
+if [ -z "${MYRIAD_GPU_PREBUILT:-}" ] && [ -f "$build/libmyriad_nccl.so" ] &&
+  command -v mpirun >/dev/null; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU" || true)
+  [ "${gpus:-0}" -lt 1 ] && gpus=1
+  phase "NCCL collectives, $gpus rank(s)"
+  cmake --build "$build" -j "$jobs" --target test_dist >>"$logs/build.log" 2>&1 &&
+    OMP_NUM_THREADS=2 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+      MYRIAD_COMM=nccl timeout 300 mpirun --oversubscribe -np "$gpus" \
+      -x OMP_NUM_THREADS -x MYRIAD_COMM "$build/test_dist" \
+      --gtest_filter='Comm.*:ExpertParallel.*:DataParallel.BitwiseEqualToOneProcess' \
+      >"$logs/nccl.log" 2>&1 || status=1
+  grep -E "\[ Comm \] backend|PASSED|FAILED|SKIPPED \]" "$logs/nccl.log" | sort -u | head -10
 fi
 
 phase "done, status $status"
