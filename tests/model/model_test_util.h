@@ -54,6 +54,19 @@ inline ModelConfig three_layer_config(int64_t attn_res_block) {
   return c;
 }
 
+// three_layer_config with every K3 switch on (lower-bounded and full-rank KDA gates, SiTU, the
+// MLA output gate) and AttnRes blocks of 2 layers, so both the intra-block sum and a completed
+// block are exercised.
+inline ModelConfig k3_three_layer_config() {
+  ModelConfig c = three_layer_config(2);
+  c.linear_attn_config.gate_lower_bound = -5.0;
+  c.linear_attn_config.use_full_rank_gate = true;
+  c.hidden_act = "situ";
+  c.mla_use_output_gate = true;
+  c.validate();
+  return c;
+}
+
 // A random model whose zero-initialised tensors (AttnRes projections, A_log, the selection bias)
 // are made random too, so no path is trivially flat, with O(1) activations; ones and constants
 // keep their init.

@@ -18,16 +18,6 @@
 namespace myriad::model {
 namespace {
 
-ModelConfig k3_three_layers() {
-  ModelConfig c = three_layer_config(2);
-  c.linear_attn_config.gate_lower_bound = -5.0;
-  c.linear_attn_config.use_full_rank_gate = true;
-  c.hidden_act = "situ";
-  c.mla_use_output_gate = true;
-  c.validate();
-  return c;
-}
-
 // max |a - b| / max(1, max |b|).
 double rel_diff(const Tensor& a, const Tensor& b) {
   const auto x = a.to(kCPU).to_doubles(), y = b.to(kCPU).to_doubles();
@@ -89,7 +79,7 @@ void expect_gpu_matches_cpu(const ModelConfig& c, uint64_t seed) {
 }
 
 TEST_F(CudaModel, K3ForwardGradientsAndDecodeMatchCpu) {
-  expect_gpu_matches_cpu(k3_three_layers(), 21);
+  expect_gpu_matches_cpu(k3_three_layer_config(), 21);
 }
 
 TEST_F(CudaModel, PreNormSwigluFormMatchesCpu) {
@@ -102,7 +92,7 @@ TEST_F(CudaModel, PreNormSwigluFormMatchesCpu) {
 }
 
 TEST_F(CudaModel, GreedyGenerationEqualsCpu) {
-  const ModelConfig c = k3_three_layers();
+  const ModelConfig c = k3_three_layer_config();
   Decoder cpu = random_model(c, DType::F32, 41);
   Decoder gpu(c, cpu.weights().to(cuda(0)));
   Generator gen(42);

@@ -24,18 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Three layers (KDA + dense, KDA + LatentMoE, MLA + LatentMoE), every K3 switch on, AttnRes
-// blocks of 2 layers so both the intra-block sum and a completed block are exercised.
-ModelConfig k3_small() {
-  ModelConfig c = three_layer_config(2);
-  c.linear_attn_config.gate_lower_bound = -5.0;
-  c.linear_attn_config.use_full_rank_gate = true;
-  c.hidden_act = "situ";
-  c.mla_use_output_gate = true;
-  c.validate();
-  return c;
-}
-
 Tensor token_ids(int64_t B, int64_t T, int64_t V, uint64_t seed) {
   Generator gen(seed);
   return gen.randint({B, T}, 0, V);
@@ -70,7 +58,7 @@ TEST(K3, TinyPresetTrainsForwardBackward) {
 }
 
 TEST(K3, GradcheckF64) {
-  const ModelConfig c = k3_small();
+  const ModelConfig c = k3_three_layer_config();
   Decoder m = random_model(c, DType::F64, 3);
   const Tensor ids = token_ids(2, 6, c.vocab_size, 4);
   const Tensor R = Generator(5).normal({2, 6, c.vocab_size}, 0.0, 1.0, DType::F64);
@@ -131,7 +119,7 @@ double decode_vs_full(const Decoder& m, const Tensor& ids, int64_t prefill) {
 }
 
 TEST(K3, DecodeEqualsFullForward) {
-  const ModelConfig c = k3_small();
+  const ModelConfig c = k3_three_layer_config();
   Decoder m = random_model(c, DType::F32, 6);
   EXPECT_LE(decode_vs_full(m, token_ids(2, 11, c.vocab_size, 7), 4), 1e-4);
 }
@@ -141,7 +129,7 @@ TEST(K3, DecodeEqualsFullForward) {
 // cache (streamed codes) equals the int8 full forward (dequantized GEMMs); the int8 logits track
 // the f32 ones; and training through int8 weights is refused.
 TEST(K3, Int8WeightsDecodeAndTrackF32) {
-  ModelConfig c = k3_small();
+  ModelConfig c = k3_three_layer_config();
   c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 64, c.moe_intermediate_size = 32;
   c.q_lora_rank = 32, c.kv_lora_rank = 32, c.qk_nope_head_dim = 16, c.qk_rope_head_dim = 16;
   c.v_head_dim = 16, c.routed_expert_hidden_size = 32, c.linear_attn_config.head_dim = 32;
@@ -199,7 +187,7 @@ TEST(K3, Int8WeightsDecodeAndTrackF32) {
 TEST(K3, SituFfnMatchesFormula) {
   // The dense FFN with hidden_act situ is W_down SiTU-GLU(W_gate x, W_up x) with β1 = 4 on the
   // gate and β2 = 25 on the up branch (MODEL.md §8).
-  ModelConfig c = k3_small();
+  ModelConfig c = k3_three_layer_config();
   Decoder m = random_model(c, DType::F64, 8);
   const Weights& w = m.weights();
   const Tensor x = Generator(9).normal({1, 3, c.hidden_size}, 0.0, 3.0, DType::F64);
@@ -223,7 +211,7 @@ class WeightsFiles : public ::testing::Test {
 };
 
 TEST_F(WeightsFiles, RoundTripAndErrorsNameTheTensor) {
-  const ModelConfig c = k3_small();
+  const ModelConfig c = k3_three_layer_config();
   Decoder m = random_model(c, DType::F32, 10);
   c.save((dir_ / "config.json").string());
   m.weights().save((dir_ / "model.safetensors").string());
