@@ -10,12 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.." || exit 1
 build=${1:-build/release}
 out=${2:-.gpu}
-grep -q "MYRIAD_HAVE_CUDA:INTERNAL=ON\|MYRIAD_HAVE_CUDA=1" "$build/CMakeCache.txt" 2>/dev/null ||
-  grep -q "HAVE_CUDA" "$build/build.ninja" || {
+grep -q -- "-DMYRIAD_HAVE_CUDA=1" "$build/build.ninja" 2>/dev/null || {
   echo "gpu_bundle: $build is not a CUDA-enabled build" >&2
   exit 1
 }
-progs=(test_ops test_model test_core bench_cuda_gemm bench_cuda_model)
+progs=(test_ops test_model bench_cuda_gemm bench_cuda_model)
 rm -rf "$out/bundle" && mkdir -p "$out/bundle/bin" "$out/bundle/lib"
 for p in "${progs[@]}"; do
   [ -x "$build/$p" ] || continue

@@ -49,7 +49,7 @@ if [ -n "${MYRIAD_GPU_PREBUILT:-}" ]; then
 else
   phase "configure"
   flags=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DMYRIAD_CUDA=ON)
-  targets=(test_ops test_model test_core bench_cuda_gemm bench_cuda_model)
+  targets=(test_ops test_model bench_cuda_gemm bench_cuda_model)
   if ! cmake -S . -B "$build" "${flags[@]}" -DMYRIAD_BENCH=ON >"$logs/configure.log" 2>&1; then
     tail -30 "$logs/configure.log"
     exit 1
@@ -67,7 +67,7 @@ status=0
 filter_ops='*/cuda:*Cuda*:*Device*'
 filter_model='CudaModel.*'
 if [ "${MYRIAD_GPU_CHECK_ALL:-0}" = 1 ]; then filter_ops='*'; filter_model='*'; fi
-for t in "test_ops:$filter_ops" "test_model:$filter_model" "test_core:*Cuda*:*cuda*"; do
+for t in "test_ops:$filter_ops" "test_model:$filter_model"; do
   prog=${t%%:*} filter=${t#*:}
   [ -x "$bin/$prog" ] || { echo "$prog missing"; status=1; continue; }
   phase "$prog --gtest_filter=$filter"

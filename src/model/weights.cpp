@@ -199,7 +199,7 @@ Weights Weights::to(Device device) const {
   Weights w;
   w.specs_ = specs_;
   w.skipped_ = skipped_;
-  for (const auto& [n, t] : tensors_) w.tensors_[n] = t.detach().to(device).contiguous();
+  for (const auto& [n, t] : tensors_) w.tensors_[n] = t.detach().to(device);
   return w;
 }
 

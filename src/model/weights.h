@@ -68,7 +68,8 @@ class Weights {
   const std::vector<std::string>& skipped() const { return skipped_; }
   // A copy (new storage) of every tensor in another dtype.
   Weights to(DType dtype) const;
-  // A copy of every tensor on another device (cuda(0), say); int8 copies are not moved.
+  // Every tensor on `device` (cuda(0), say): copies, except tensors already there, which are
+  // shared. Refused once quantize_int8() made int8 copies (they stay on the CPU).
   Weights to(Device device) const;
   // Writes the store in checkpoint layout to `path` (a .safetensors file).
   void save(const std::string& path) const;
