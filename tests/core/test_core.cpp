@@ -1,7 +1,9 @@
 // Core: dtypes, devices, allocator, tensors and views, autograd mechanics, random numbers.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "core/autograd.h"
@@ -29,6 +31,36 @@ TEST(DType, Bf16RoundsToNearestEven) {
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 0x1p-8f + 0x1p-12f)), 1.0f + 0x1p-7f);
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
   EXPECT_TRUE(std::isinf(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::infinity()))));
+}
+
+// A contiguous tensor cast between f32 and bf16 (the threaded, vectorised copy kernel) gives
+// f32_to_bf16 / bf16_to_f32 of every element, NaN, infinities, ties and -0 included.
+TEST(DType, TensorCastEqualsScalarBf16Conversion) {
+  const int64_t n = (1 << 17) + 3;  // several threads' chunks and a ragged tail
+  std::vector<float> v(static_cast<size_t>(n));
+  const float special[] = {std::numeric_limits<float>::quiet_NaN(),
+                           -std::numeric_limits<float>::quiet_NaN(),
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           -0.0f,
+                           1.0f + 0x1p-8f,
+                           1.0f + 0x1p-7f + 0x1p-8f,
+                           std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::denorm_min()};
+  uint32_t x = 12345;
+  for (size_t i = 0; i < v.size(); ++i) {
+    x = x * 1664525u + 1013904223u;
+    v[i] = i % 97 < std::size(special) ? special[i % 97] : std::bit_cast<float>(x);
+  }
+  const Tensor f = Tensor::from_floats(v, {n});
+  const Tensor h = f.to(DType::BF16);
+  const Tensor back = h.to(DType::F32);
+  const auto* hp = static_cast<const uint16_t*>(h.data_ptr());
+  const float* bp = back.data<float>();
+  for (size_t i = 0; i < v.size(); ++i) {
+    ASSERT_EQ(hp[i], f32_to_bf16(v[i])) << i << " " << v[i];
+    ASSERT_EQ(std::bit_cast<uint32_t>(bp[i]), std::bit_cast<uint32_t>(bf16_to_f32(hp[i]))) << i;
+  }
 }
 
 TEST(DType, F16RoundTripAndLimits) {

@@ -1,9 +1,12 @@
 // Strided, dtype-converting copy and fill on the CPU.
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/rows.h"
 #include "core/copy.h"
+#include "core/dtype.h"
 #include "core/strided.h"
 
 namespace myriad::cpu {
@@ -15,6 +18,17 @@ inline D convert(S v) {
     return v;
   } else {
     return static_cast<D>(v);
+  }
+}
+
+// core/dtype.h's f32_to_bf16 (round to nearest even, NaN kept NaN) written branch-free, so each
+// clone vectorises it.
+MYRIAD_CPU_CLONES void f32_to_bf16_row(const float* __restrict s, uint16_t* __restrict d,
+                                       int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(s[i]);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
+    d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
   }
 }
 
@@ -81,6 +95,17 @@ void copy_cpu(const Tensor& src, Tensor& dst) {
   bool via_double = ts == DType::F64 || td == DType::F64 || !is_floating(ts) || !is_floating(td);
   if (src.is_contiguous() && dst.is_contiguous() && !via_double) {
     int64_t n = src.numel();
+    // f32 <-> bf16 (a bf16 training step's casts): the vectorised row converters.
+    if (ts == DType::F32 && td == DType::BF16)
+      return parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+        f32_to_bf16_row(reinterpret_cast<const float*>(ps) + b, reinterpret_cast<uint16_t*>(pd) + b,
+                        e - b);
+      });
+    if (ts == DType::BF16 && td == DType::F32)
+      return parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+        bf16_row_to_f32(reinterpret_cast<const uint16_t*>(ps) + b, reinterpret_cast<float*>(pd) + b,
+                        e - b);
+      });
     parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         float v = ts == DType::F32    ? reinterpret_cast<const float*>(ps)[i]
