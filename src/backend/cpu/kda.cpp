@@ -513,6 +513,7 @@ void check_dtypes(const char* op, const KdaArgs& a) {
 void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
   check_dtypes("kda", a);
   parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
+    FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
     Work w(a);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / w.H, h = bh % w.H;
@@ -541,6 +542,7 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
                       KdaGrads& gr) {
   check_dtypes("kda_backward", a);
   parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
+    FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
     Work w(a);
     const int64_t Cp = w.Cp, Kp = w.Kp, Vp = w.Vp, K = w.K, V = w.V;
     std::vector<float> dO(Cp * Vp), dVt(Cp * Vp), X(Cp * Vp), nDR(Cp * Vp);
@@ -670,6 +672,7 @@ void kda_step_cpu(const KdaArgs& a, Tensor& o, Tensor& new_state) {
   check_dtypes("kda_step", a);
   const int64_t B = a.q.size(0), H = a.q.size(2), K = a.q.size(3), V = a.v.size(3);
   parallel_for(B * H, 1, [&](int64_t begin, int64_t end) {
+    FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
     std::vector<float> q(K), k(K), v(V), e(V), S(K * V);
     for (int64_t bh = begin; bh < end; ++bh) {
       load(a.q, bh * K, K, 1, K, static_cast<float>(a.scale), q.data(), K);

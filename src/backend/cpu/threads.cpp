@@ -1,8 +1,12 @@
-// How the OpenMP runtime waits and how wide the CPU's vectors are, read once (see cpu.h).
+// How the OpenMP runtime waits and how wide the CPU's vectors are, read once, and the scoped
+// flushing of subnormal floats (see cpu.h).
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <string>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include "backend/cpu/cpu.h"
 
@@ -34,6 +38,31 @@ bool wide_vectors() {
 }
 void force_lanes(int w) {
   forced_lanes.store(w, std::memory_order_relaxed);
+}
+
+namespace {
+constexpr unsigned kFtzDaz = 0x8040u;  // MXCSR bits 15 (flush to zero) and 6 (denormals are zero)
+bool flush_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MYRIAD_DENORMALS");
+    return !(v && std::string(v) == "keep");
+  }();
+  return on;
+}
+}  // namespace
+
+FlushSubnormals::FlushSubnormals() {
+#if defined(__x86_64__)
+  if (!flush_enabled()) return;
+  saved_ = _mm_getcsr();
+  set_ = true;
+  if ((saved_ & kFtzDaz) != kFtzDaz) _mm_setcsr(saved_ | kFtzDaz);
+#endif
+}
+FlushSubnormals::~FlushSubnormals() {
+#if defined(__x86_64__)
+  if (set_ && (saved_ & kFtzDaz) != kFtzDaz) _mm_setcsr(saved_);
+#endif
 }
 
 }  // namespace myriad::cpu
