@@ -320,9 +320,10 @@ int main(int argc, char** argv) {
     std::printf("  median step %.1f ms (min %.1f, max %.1f) -> %.0f tokens/s\n", 1e3 * step_s,
                 1e3 * *std::min_element(times.begin(), times.end()),
                 1e3 * *std::max_element(times.begin(), times.end()), tps);
-    std::printf("  model %.2f GFLOP/step -> %.2f GFLOP/s; measured %s peak %.1f GFLOP/s (%.1f%%)\n",
-                flops * 1e-9, gflops, bf16 ? "bf16 dot-product" : "f32 FMA", peak,
-                peak > 0 ? 100 * gflops / peak : 0.0);
+    std::printf(
+        "  model %.2f GFLOP/step -> %.2f GFLOP/s; measured %s peak (%s) %.1f GFLOP/s (%.1f%%)\n",
+        flops * 1e-9, gflops, bf16 ? "bf16" : "f32", peak_method(bf16), peak,
+        peak > 0 ? 100 * gflops / peak : 0.0);
     if (prof) profile(m, ids, step_s, peak, prof == 2);
     std::printf(
         "RESULT myriad tokens_per_s=%.1f step_ms=%.2f step_min_ms=%.2f B=%lld T=%lld steps=%d "

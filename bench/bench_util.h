@@ -3,12 +3,16 @@
 // environment settings, and the nominal CPU clock.
 #pragma once
 #include <benchmark/benchmark.h>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <chrono>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -78,9 +82,11 @@ inline double cpu_mhz() {
 
 // The machine's arithmetic peak, measured: every OpenMP thread runs independent chains of
 // AVX-512 FMAs (f32: vfmadd231ps, 32 FLOP each) or bf16 dot products (vdpbf16ps, 64 FLOP each),
-// 16 accumulators deep to cover the latency, for ~0.2 s. Nothing a GEMM does can go faster, so
+// 16 accumulators deep to cover the latency, for 10-20 ms, best of 3. On CPUs with AMX-BF16 the
+// bf16 peak is instead that of the tile unit (amx_chain_flops below), which oneDNN's bf16 matmul
+// uses and which runs several times faster than VDPBF16PS. Nothing a GEMM does can go faster, so
 // "fraction of peak" against this figure is honest whatever the clock. 0 without AVX-512 (bf16:
-// without AVX-512 BF16) and without AVX2 + FMA.
+// without AVX-512 BF16 or AMX-BF16) and without AVX2 + FMA. peak_method names what was measured.
 __attribute__((target("avx512f,avx512bf16"))) inline double fma_chain_flops(bool bf16,
                                                                             int64_t iters) {
   __m512 acc[16];
@@ -116,17 +122,97 @@ __attribute__((target("avx2,fma"))) inline double fma_chain_flops_avx2(int64_t i
   benchmark::DoNotOptimize(sink);
   return static_cast<double>(iters) * 12 * 16;
 }
-inline double measured_peak_gflops(bool bf16) {
+
+// True when the CPU has AMX-TILE and AMX-BF16 (CPUID.(EAX=7,ECX=0):EDX bits 24 and 22) and the
+// kernel grants this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA; Linux >= 5.16, refused where the OS does not enable AMX). Asked once; the
+// permission is per process, so it covers every OpenMP thread.
+inline bool amx_bf16_usable() {
+  static const bool usable = [] {
+#if defined(__linux__) && defined(__x86_64__)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!(edx & (1u << 22)) || !(edx & (1u << 24))) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return usable;
+}
+
+// The bf16 chains on the AMX tile unit: tiles 0-3 accumulate C[i][j] += A[i] B[j] from A in
+// tiles 4-5 and B in tiles 6-7, all 16 rows x 64 bytes (palette 1), so four independent
+// TDPBF16PS chains (a full 16x16x32 product: 16 * 16 * 32 * 2 = 16384 FLOP each) cover the
+// instruction's latency at one issue per 16 cycles. The tiles are configured on the calling
+// thread and released at the end (oneDNN configures its own before every kernel).
+__attribute__((target("amx-tile,amx-bf16"))) inline double amx_chain_flops(int64_t iters) {
+  struct alignas(64) TileConfig {
+    uint8_t palette_id = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t rows[16] = {};
+  } cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  alignas(64) uint16_t a[16 * 32], b[16 * 32];
+  std::fill(a, a + 16 * 32, uint16_t{0x3f80});  // 1.0
+  std::fill(b, b + 16 * 32, uint16_t{0x3380});  // 2^-24: the sums stay finite and normal
+  alignas(64) float c[16 * 16];
+  // GCC 12's ldtilecfg and tileloadd asm tell the compiler of 8 bytes of the config and none of
+  // the tile data: a barrier makes every store above happen first.
+  asm volatile("" : : "r"(&cfg), "r"(a), "r"(b) : "memory");
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, a, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b, 64);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  float sink = 0;
+  _tile_stored(0, c, 64);
+  for (float v : c) sink += v;
+  _tile_stored(3, c, 64);
+  for (float v : c) sink += v;
+  _tile_release();
+  benchmark::DoNotOptimize(sink);
+  return static_cast<double>(iters) * 4 * (16 * 16 * 32 * 2);
+}
+
+// What measured_peak_gflops(bf16) measures on this CPU, for the benchmarks' labels.
+inline const char* peak_method(bool bf16) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
-  if (bf16 && !__builtin_cpu_supports("avx512bf16")) return 0;
+  if (bf16) {
+    if (amx_bf16_usable()) return "AMX TDPBF16PS";
+    return avx512 && __builtin_cpu_supports("avx512bf16") ? "AVX-512 VDPBF16PS" : "none";
+  }
+  if (avx512) return "AVX-512 FMA";
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "AVX2 FMA" : "none";
+}
+
+inline double measured_peak_gflops(bool bf16) {
+  const bool amx = bf16 && amx_bf16_usable();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  if (!amx) {
+    if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+    if (bf16 && !__builtin_cpu_supports("avx512bf16")) return 0;
+  }
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
-    const int64_t iters = 4'000'000;
+    const int64_t iters = 4'000'000, amx_iters = 1'000'000;
     double flops = 0;
     auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel reduction(+ : flops)
-    flops += avx512 ? fma_chain_flops(bf16, iters) : fma_chain_flops_avx2(iters);
+    flops += amx      ? amx_chain_flops(amx_iters)
+             : avx512 ? fma_chain_flops(bf16, iters)
+                      : fma_chain_flops_avx2(iters);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, flops / s * 1e-9);
   }
