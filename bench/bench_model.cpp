@@ -141,7 +141,9 @@ void profile(Decoder& m, const Tensor& ids, double step_s, double peak, bool moe
   model::Weights& w = m.weights();
   const int64_t B = ids.size(0), T = ids.size(1), d = c.hidden_size, L = c.num_hidden_layers;
   Generator gen(7);
-  const Tensor x0 = gen.normal({B, T, d}, 0, 1), r = gen.normal({B, T, d}, 0, 1);
+  // In the decoder's precision (the bf16 working copy with --bf16=1).
+  const DType dt = w.get("model.norm.weight").dtype();
+  const Tensor x0 = gen.normal({B, T, d}, 0, 1).to(dt), r = gen.normal({B, T, d}, 0, 1).to(dt);
   // One sublayer: fresh leaves, forward, a random projection of the output as the loss, backward.
   auto fwd_bwd = [&](auto&& forward) {
     return [&, forward] {
@@ -289,7 +291,7 @@ int main(int argc, char** argv) {
       if (bf16) copy.emplace(m);
     }
     double loss = 0, first_loss = 0;
-    std::vector<double> times;
+    std::vector<double> times, opt_times;  // opt_times: gradient hand-over, clip, AdamW, refresh
     for (int s = 0; s < warmup + steps; ++s) {
       auto t0 = Clock::now();
       if (opt)
@@ -298,6 +300,7 @@ int main(int argc, char** argv) {
         m.weights().requires_grad_(true);  // fresh leaves, last step's gradients dropped
       Tensor l = (copy ? copy->decoder() : m).loss(ids);
       l.backward();
+      const auto t1 = Clock::now();
       if (copy) copy->accumulate_grads();
       if (adamw) {
         opt->clip_grad_norm();
@@ -307,7 +310,7 @@ int main(int argc, char** argv) {
       loss = l.item();
       if (s == 0) first_loss = loss;
       const double dt = seconds_since(t0);
-      if (s >= warmup) times.push_back(dt);
+      if (s >= warmup) times.push_back(dt), opt_times.push_back(seconds_since(t1));
       std::printf("  step %2d%s %8.1f ms  loss %.6f\n", s, s < warmup ? " (warm-up)" : "          ",
                   1e3 * dt, loss);
     }
@@ -324,7 +327,12 @@ int main(int argc, char** argv) {
         "  model %.2f GFLOP/step -> %.2f GFLOP/s; measured %s peak (%s) %.1f GFLOP/s (%.1f%%)\n",
         flops * 1e-9, gflops, bf16 ? "bf16" : "f32", peak_method(bf16), peak,
         peak > 0 ? 100 * gflops / peak : 0.0);
-    if (prof) profile(m, ids, step_s, peak, prof == 2);
+    if (copy || adamw)
+      std::printf("  of which after the backward (%s%s): median %.1f ms\n",
+                  copy ? "bf16 gradients into fp32" : "",
+                  adamw ? (copy ? ", clip, AdamW, refresh" : "clip, AdamW") : "",
+                  1e3 * median(opt_times));
+    if (prof) profile(copy ? copy->decoder() : m, ids, step_s, peak, prof == 2);
     std::printf(
         "RESULT myriad tokens_per_s=%.1f step_ms=%.2f step_min_ms=%.2f B=%lld T=%lld steps=%d "
         "threads=%d loss=%.6f loss_last=%.6f optimizer=%s precision=%s flop_per_token=%.6g "
