@@ -19,8 +19,10 @@
 // so transformers can load the same checkpoint.
 // --int8=1 instead runs the directory's model in f32 and with weight-only int8 projections
 // (ops/int8.h) side by side: top-1 agreement of the two over 256 positions, then decode tokens/s
-// of both, alternately, over 3 rounds.
+// of both, alternately, over 3 rounds. --quantize=1 runs the figures of 1. on the int8 model alone
+// (the CLI's --quantize int8; scripts/bench_vs_llamacpp.sh's q8_0 rows).
 //   bench_decode DIR [--ctx=1024] [--new=32] [--show=8] [--seed=1] [--batch16=1] [--int8=0]
+//                    [--quantize=0]
 #include <unistd.h>
 
 #include <algorithm>
@@ -213,7 +215,7 @@ int int8_side_by_side(const std::string& dir, const model::Decoder& m, const dat
 }
 
 int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int64_t new_tokens,
-            int64_t chunk, int64_t show, uint64_t seed, bool batch16, bool int8) {
+            int64_t chunk, int64_t show, uint64_t seed, bool batch16, bool int8, bool quantize) {
   namespace fs = std::filesystem;
   if (!fs::exists(fs::path(dir) / "model.safetensors")) {
     const model::Decoder r =
@@ -223,8 +225,13 @@ int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int
     std::printf("saved random weights (seed %llu) to %s\n", static_cast<unsigned long long>(seed),
                 dir.c_str());
   }
-  const model::Decoder m = model::Decoder::load(dir);
+  model::Decoder m = model::Decoder::load(dir);
   if (int8) return int8_side_by_side(dir, m, tok, ctx, new_tokens, chunk, batch16);
+  if (quantize) {
+    const int64_t n = m.quantize_int8();
+    std::printf("int8 weights: %lld tensors, %.1f MB of codes and scales\n",
+                static_cast<long long>(n), m.weights().int8_bytes() / 1e6);
+  }
   const model::ModelConfig& c = m.config();
   std::printf("model %s: %lld layers (%lld MLA), d %lld, V %lld; %lld-token prompts, %lld new\n",
               dir.c_str(), static_cast<long long>(c.num_hidden_layers),
@@ -286,16 +293,22 @@ int run(int argc, char** argv) {
   const auto seed = static_cast<uint64_t>(take_flag(argc, argv, "seed", "MYRIAD_BENCH_SEED", 1));
   const bool batch16 = take_flag(argc, argv, "batch16", "MYRIAD_BENCH_BATCH16", 1) != 0;
   const bool int8 = take_flag(argc, argv, "int8", "MYRIAD_BENCH_INT8", 0) != 0;
+  const bool quantize = take_flag(argc, argv, "quantize", "MYRIAD_BENCH_QUANTIZE", 0) != 0;
   NoGradGuard ng;
   std::printf("bench_decode: %s, %s, OMP threads %d\n",
               argc == 2 ? argv[1] : ("preset " + preset).c_str(),
-              int8 && argc == 2 ? "f32 and int8 weights" : "f32", omp_get_max_threads());
+              argc != 2  ? "f32"
+              : int8     ? "f32 and int8 weights"
+              : quantize ? "int8 weights"
+                         : "f32",
+              omp_get_max_threads());
   const std::string dir = "/tmp/myriad_bench_decode_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const data::Tokenizer tok =
       data::Tokenizer::train(data::synthetic_fallback_corpus(7, 200000), 512, dir + "/t.model");
   std::filesystem::remove_all(dir);
-  if (argc == 2) return run_dir(argv[1], tok, ctx, new_tokens, chunk, show, seed, batch16, int8);
+  if (argc == 2)
+    return run_dir(argv[1], tok, ctx, new_tokens, chunk, show, seed, batch16, int8, quantize);
 
   const model::ModelConfig hybrid = model::preset(preset);
   const model::ModelConfig mla = all_mla(hybrid);

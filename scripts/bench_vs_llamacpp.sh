@@ -8,7 +8,14 @@
 #
 # Environment: THREADS (2), REPS (2: each figure is the best of REPS runs), QUICK=1 (short
 # contexts: a smoke run of a few minutes), OUT (build/peers/bench), MYRIAD_BUILD (build/release,
-# configured with --preset release when missing).
+# configured with --preset release when missing), FORMATS ("f32 q8_0").
+#
+# q8_0: llama.cpp's converter writes q8_0 weights (int8 codes, one f16 scale per 32 weights), and
+# Myriad runs the same f32 checkpoint with weight-only int8 (bench_decode --quantize=1, the CLI's
+# --quantize int8: int8 codes, one f32 scale per 32 weights; embedding, router and MLA's kv_b stay
+# f32). Rows: prefill of the short prompt, batch-1 decode and 16 sequences at the short context.
+# Its top-1 check against Myriad's f32 logits is printed, not enforced: on random weights a
+# quantization error of either engine moves many top-1 tokens (docs/PERFORMANCE.md, int8).
 #
 # Before timing, each model is checked: llama.cpp's and Myriad's logits on the same 256 prompt
 # positions (one prefill each) must give the same top-1 token at >= 95% of positions; the script
@@ -16,8 +23,8 @@
 # two norms use (the KDA q/k l2 norm and the MLA q_a / kv_a RMSNorms: Myriad and fla fix 1e-6,
 # llama.cpp takes rms_norm_eps); at 1e-6 the conventions coincide.
 #
-# Both engines: f32 weights, f32 caches (llama.cpp's KV cache type f32, flash attention off),
-# greedy decoding, OMP_WAIT_POLICY unset. Figures:
+# Both engines: f32 weights (q8_0 rows: above), f32 caches (llama.cpp's KV cache type f32, flash
+# attention off), greedy decoding, OMP_WAIT_POLICY unset. Figures:
 #   prefill tokens/s of one 512- and 4096-token prompt (to its first token);
 #   decode tokens/s at batch 1 after a 1024- and a 16384-token prompt;
 #   decode tokens/s of 16 sequences after 1024-token prompts (llama.cpp: 16 parallel sequences
@@ -31,6 +38,7 @@ THREADS="${THREADS:-2}"
 REPS="${REPS:-2}"
 OUT="${OUT:-$ROOT/build/peers/bench}"
 MODELS=("$@")
+FORMATS="${FORMATS:-f32 q8_0}"
 (( ${#MODELS[@]} )) || MODELS=(k3 kimi-linear deepseek-v3)
 if [[ "${QUICK:-0}" == 1 ]]; then
   P_SHORT=128 P_LONG=512 D_SHORT=256 D_LONG=1024 NEW=16
@@ -74,12 +82,12 @@ record() {  # model, then the engine's output on stdin
 }
 
 # Myriad: bench_decode DIR (prefill of one prompt, batch 1, and optionally 16 sequences).
-run_myriad() {  # model dir ctx new batch16
-  OMP_NUM_THREADS="$THREADS" "$BENCH_DECODE" "$2" --ctx="$3" --new="$4" --batch16="$5" --show=0 |
-    record "$1"
+run_myriad() {  # label dir ctx new batch16 [quantize]
+  OMP_NUM_THREADS="$THREADS" "$BENCH_DECODE" "$2" --ctx="$3" --new="$4" --batch16="$5" --show=0 \
+    --quantize="${6:-0}" | record "$1"
 }
 # llama.cpp: tools/peers/llama_speed.cpp (prefill of one prompt, then PARALLEL sequences).
-run_llama() {  # model gguf ctx new parallel
+run_llama() {  # label gguf ctx new parallel
   "$LLAMA_SPEED" "$2" --ctx "$3" --new "$4" --parallel "$5" --threads "$THREADS" --show 0 \
     2>/dev/null | record "$1"
 }
@@ -120,6 +128,21 @@ for m in "${MODELS[@]}"; do
   }
   log "$m: $agree"
   echo "$m	$agree" >> "$CHECKS"
+  # q8_0: the same checkpoint converted to q8_0; its top-1 against Myriad's f32 logits, printed.
+  q8="$OUT/$m.q8_0.gguf"
+  if [[ " $FORMATS " == *" q8_0 "* ]]; then
+    if [[ ! -f "$q8" ]]; then
+      log "$m: converting to GGUF (q8_0) with llama.cpp's convert_hf_to_gguf.py"
+      PYTHONPATH="$LLAMA_CPP_DIR/gguf-py" "$PY" "$ROOT/tools/peers/convert_no_vocab.py" \
+        "$LLAMA_CPP_DIR" "$dir" "$q8" q8_0 > "$OUT/$m.convert_q8.log" 2>&1 ||
+        { tail -20 "$OUT/$m.convert_q8.log"; exit 1; }
+    fi
+    "$LLAMA_LOGITS" "$q8" "$OUT/$m.ids.txt" "$OUT/$m.llama_q8.safetensors" --threads "$THREADS" 2>/dev/null
+    q8agree="$("$PY" "$ROOT/tools/peers/top1_agreement.py" "$OUT/$m.myriad.safetensors" \
+      "$OUT/$m.llama_q8.safetensors" --min-agree 0 || true)"
+    log "$m q8_0 vs Myriad f32 (not enforced): $q8agree"
+    echo "$m q8_0 (llama.cpp) vs f32 (Myriad), informational	$q8agree" >> "$CHECKS"
+  fi
   # 5. Timings, alternating which engine goes first.
   for ((rep = 0; rep < REPS; ++rep)); do
     log "$m: round $((rep + 1))/$REPS"
@@ -127,33 +150,49 @@ for m in "${MODELS[@]}"; do
     (( rep % 2 )) && order=(llama myriad)
     for eng in "${order[@]}"; do
       if [[ $eng == myriad ]]; then
-        run_myriad "$m" "$dir" "$P_SHORT" 8 0
-        run_myriad "$m" "$dir" "$D_SHORT" "$NEW" 1
-        run_myriad "$m" "$dir" "$P_LONG" 8 0
-        run_myriad "$m" "$dir" "$D_LONG" "$((NEW / 2))" 0
+        if [[ " $FORMATS " == *" f32 "* ]]; then
+          run_myriad "$m/f32" "$dir" "$P_SHORT" 8 0
+          run_myriad "$m/f32" "$dir" "$D_SHORT" "$NEW" 1
+          run_myriad "$m/f32" "$dir" "$P_LONG" 8 0
+          run_myriad "$m/f32" "$dir" "$D_LONG" "$((NEW / 2))" 0
+        fi
+        if [[ " $FORMATS " == *" q8_0 "* ]]; then
+          run_myriad "$m/q8_0" "$dir" "$P_SHORT" 8 0 1
+          run_myriad "$m/q8_0" "$dir" "$D_SHORT" "$NEW" 1 1
+        fi
       else
-        run_llama "$m" "$gguf" "$P_SHORT" 8 1
-        run_llama "$m" "$gguf" "$D_SHORT" "$NEW" 1
-        run_llama "$m" "$gguf" "$D_SHORT" "$NEW" 16
-        run_llama "$m" "$gguf" "$P_LONG" 8 1
-        run_llama "$m" "$gguf" "$D_LONG" "$((NEW / 2))" 1
+        if [[ " $FORMATS " == *" f32 "* ]]; then
+          run_llama "$m/f32" "$gguf" "$P_SHORT" 8 1
+          run_llama "$m/f32" "$gguf" "$D_SHORT" "$NEW" 1
+          run_llama "$m/f32" "$gguf" "$D_SHORT" "$NEW" 16
+          run_llama "$m/f32" "$gguf" "$P_LONG" 8 1
+          run_llama "$m/f32" "$gguf" "$D_LONG" "$((NEW / 2))" 1
+        fi
+        if [[ " $FORMATS " == *" q8_0 "* ]]; then
+          run_llama "$m/q8_0" "$q8" "$P_SHORT" 8 1
+          run_llama "$m/q8_0" "$q8" "$D_SHORT" "$NEW" 1
+          run_llama "$m/q8_0" "$q8" "$D_SHORT" "$NEW" 16
+        fi
       fi
     done
   done
 done
+labels=()
+for m in "${MODELS[@]}"; do for f in $FORMATS; do labels+=("$m/$f"); done; done
 
 # 6. The table: best of REPS for each engine, and the ratio.
 {
-  echo "Myriad vs llama.cpp, f32 weights and caches, $THREADS thread(s), best of $REPS; $(date -u +%F), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "Myriad vs llama.cpp ($FORMATS weights; f32 caches), $THREADS thread(s), best of $REPS; $(date -u +%F), load $(cut -d' ' -f1-3 /proc/loadavg)"
   echo
-  echo "| model | figure | Myriad tok/s | llama.cpp tok/s | Myriad / llama.cpp |"
-  echo "|---|---|---:|---:|---:|"
+  echo "| model | weights | figure | Myriad tok/s | llama.cpp tok/s | Myriad / llama.cpp |"
+  echo "|---|---|---|---:|---:|---:|"
   awk -F'\t' -v ps="$P_SHORT" -v pl="$P_LONG" -v ds="$D_SHORT" -v dl="$D_LONG" '
     { k = $2 SUBSEP $3 SUBSEP $4; if ($5 > best[$1, k]) best[$1, k] = $5; models[$2] = 1 }
     function row(m, metric, ctx, label,   a, b) {
       a = best["myriad", m SUBSEP metric SUBSEP ctx]; b = best["llama.cpp", m SUBSEP metric SUBSEP ctx]
       if (a == "" || b == "") return
-      printf "| %s | %s | %.1f | %.1f | %.2f |\n", m, label, a, b, a / b
+      split(m, mf, "/")
+      printf "| %s | %s | %s | %.1f | %.1f | %.2f |\n", mf[1], mf[2] == "q8_0" ? "q8_0 / int8" : mf[2], label, a, b, a / b
     }
     END {
       n = split(order, ms, " ")
@@ -165,7 +204,7 @@ done
         row(m, "decode_b1", dl, "decode, batch 1, ctx " dl)
         row(m, "decode_b16", ds, "decode, 16 sequences, ctx " ds)
       }
-    }' order="${MODELS[*]}" "$RESULTS"
+    }' order="${labels[*]}" "$RESULTS"
   echo
   echo "Same computation (top-1 over 256 prefill positions, max |d| / max |ref|, RMS relative):"
   sed 's/^/- /' "$CHECKS"
