@@ -2,7 +2,10 @@
 // logits, for cross-checking Myriad against llama.cpp (tools/reference/llama_cpp_k3.py).
 // Our code, linked against the libllama that scripts/peers/llama_cpp.sh builds.
 //
-//   llama_logits MODEL.gguf TOKENS.txt OUT.safetensors [--step] [--threads N]
+//   llama_logits MODEL.gguf TOKENS.txt OUT.safetensors [--step] [--threads N] [--no-repack]
+//
+// --no-repack: no CPU weight repacking (see llama_speed.cpp: q8_0 GGUFs of these forms abort
+// with it).
 //
 // TOKENS.txt: one sequence per line, token ids separated by spaces; all lines the same length.
 // OUT.safetensors: "logits" f32 [B, T, V]. Each sequence runs from an empty cache. By default a
@@ -26,15 +29,18 @@ static void quiet_log(ggml_log_level level, const char* text, void*) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s MODEL.gguf TOKENS.txt OUT.safetensors [--step] [--threads N]\n",
+    std::fprintf(stderr,
+                 "usage: %s MODEL.gguf TOKENS.txt OUT.safetensors [--step] [--threads N] "
+                 "[--no-repack]\n",
                  argv[0]);
     return 2;
   }
   const std::string model_path = argv[1], tokens_path = argv[2], out_path = argv[3];
-  bool step = false;
+  bool step = false, repack = true;
   int threads = 1;
   for (int i = 4; i < argc; ++i) {
     if (std::strcmp(argv[i], "--step") == 0) step = true;
+    else if (std::strcmp(argv[i], "--no-repack") == 0) repack = false;
     else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
     else { std::fprintf(stderr, "unknown argument %s\n", argv[i]); return 2; }
   }
@@ -60,6 +66,7 @@ int main(int argc, char** argv) {
   llama_backend_init();
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
+  mp.use_extra_bufts = repack;
   llama_model* model = llama_model_load_from_file(model_path.c_str(), mp);
   if (!model) { std::fprintf(stderr, "cannot load %s\n", model_path.c_str()); return 1; }
   const int V = llama_vocab_n_tokens(llama_model_get_vocab(model));

@@ -3,7 +3,11 @@
 // Our code, linked against the libllama that scripts/peers/llama_cpp.sh builds.
 //
 //   llama_speed MODEL.gguf [--ctx 1024] [--new 64] [--parallel 1] [--threads 1] [--show 8]
-//               [--ubatch 512]
+//               [--ubatch 512] [--no-repack]
+//
+// --no-repack: no CPU weight repacking (llama_model_params::use_extra_bufts = false). This
+// llama.cpp aborts on q8_0 GGUFs of the kimi-k3, kimi-linear and deepseek2 forms with it
+// (GGML_ASSERT(*cur_backend_id != -1) while reserving the graph), so their q8_0 rows run without.
 //
 // Sequence s's prompt is token 4 + (i * 7919 + s * 131) % (V - 4) at position i, as in
 // bench/bench_decode.cpp. Caches are f32 and flash attention is off (Myriad's f32 latent cache
@@ -100,13 +104,18 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: %s MODEL.gguf [--ctx N] [--new N] [--parallel N] [--threads N] "
-                 "[--show N] [--ubatch N]\n",
+                 "[--show N] [--ubatch N] [--no-repack]\n",
                  argv[0]);
     return 2;
   }
   const std::string model_path = argv[1];
   int n_ctx = 1024, steps = 64, parallel = 1, threads = 1, show = 8, ubatch = 512;
+  bool repack = true;
   for (int i = 2; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--no-repack")) {
+      repack = false;
+      continue;
+    }
     auto num = [&](int& v) {
       if (i + 1 >= argc) return false;
       v = std::atoi(argv[++i]);
@@ -135,6 +144,7 @@ int main(int argc, char** argv) {
   llama_backend_init();
   llama_model_params mp = llama_model_default_params();
   mp.n_gpu_layers = 0;
+  mp.use_extra_bufts = repack;
   llama_model* model = llama_model_load_from_file(model_path.c_str(), mp);
   if (!model) {
     std::fprintf(stderr, "cannot load %s\n", model_path.c_str());
