@@ -39,10 +39,16 @@ int main(int argc, char** argv) {
   bool step = false, repack = true;
   int threads = 1;
   for (int i = 4; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--step") == 0) step = true;
-    else if (std::strcmp(argv[i], "--no-repack") == 0) repack = false;
-    else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else { std::fprintf(stderr, "unknown argument %s\n", argv[i]); return 2; }
+    if (std::strcmp(argv[i], "--step") == 0)
+      step = true;
+    else if (std::strcmp(argv[i], "--no-repack") == 0)
+      repack = false;
+    else if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
+    }
   }
 
   std::vector<std::vector<llama_token>> seqs;
@@ -57,10 +63,16 @@ int main(int argc, char** argv) {
       if (!s.empty()) seqs.push_back(std::move(s));
     }
   }
-  if (seqs.empty()) { std::fprintf(stderr, "no tokens in %s\n", tokens_path.c_str()); return 1; }
+  if (seqs.empty()) {
+    std::fprintf(stderr, "no tokens in %s\n", tokens_path.c_str());
+    return 1;
+  }
   const size_t T = seqs[0].size();
   for (const auto& s : seqs)
-    if (s.size() != T) { std::fprintf(stderr, "sequences differ in length\n"); return 1; }
+    if (s.size() != T) {
+      std::fprintf(stderr, "sequences differ in length\n");
+      return 1;
+    }
 
   llama_log_set(quiet_log, nullptr);
   llama_backend_init();
@@ -68,7 +80,10 @@ int main(int argc, char** argv) {
   mp.n_gpu_layers = 0;
   mp.use_extra_bufts = repack;
   llama_model* model = llama_model_load_from_file(model_path.c_str(), mp);
-  if (!model) { std::fprintf(stderr, "cannot load %s\n", model_path.c_str()); return 1; }
+  if (!model) {
+    std::fprintf(stderr, "cannot load %s\n", model_path.c_str());
+    return 1;
+  }
   const int V = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
   llama_context_params cp = llama_context_default_params();
@@ -83,7 +98,10 @@ int main(int argc, char** argv) {
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.no_perf = true;
   llama_context* ctx = llama_init_from_model(model, cp);
-  if (!ctx) { std::fprintf(stderr, "cannot create a context\n"); return 1; }
+  if (!ctx) {
+    std::fprintf(stderr, "cannot create a context\n");
+    return 1;
+  }
 
   std::vector<float> logits;
   logits.reserve(seqs.size() * T * static_cast<size_t>(V));
@@ -101,7 +119,10 @@ int main(int argc, char** argv) {
         batch.seq_id[i][0] = 0;
         batch.logits[i] = 1;
       }
-      if (llama_decode(ctx, batch) != 0) { std::fprintf(stderr, "llama_decode failed\n"); return 1; }
+      if (llama_decode(ctx, batch) != 0) {
+        std::fprintf(stderr, "llama_decode failed\n");
+        return 1;
+      }
       for (int i = 0; i < batch.n_tokens; ++i) {
         const float* row = llama_get_logits_ith(ctx, i);
         logits.insert(logits.end(), row, row + V);
@@ -121,7 +142,10 @@ int main(int argc, char** argv) {
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
   out.write(reinterpret_cast<const char*>(logits.data()),
             static_cast<std::streamsize>(logits.size() * sizeof(float)));
-  if (!out) { std::fprintf(stderr, "cannot write %s\n", out_path.c_str()); return 1; }
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+    return 1;
+  }
 
   llama_free(ctx);
   llama_model_free(model);
