@@ -50,7 +50,7 @@ double sum_squares(const Tensor& g) {
       int64_t i = lo;
       for (; i + 8 <= hi; i += 8)
         for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(p[i + l]) * p[i + l];
-      for (; i < hi; ++i) acc[i - (hi - (hi - lo) % 8)] += static_cast<double>(p[i]) * p[i];
+      for (; i < hi; ++i) acc[(i - lo) % 8] += static_cast<double>(p[i]) * p[i];
       double s = 0;
       for (double a : acc) s += a;
       part[static_cast<size_t>(k)] = s;
