@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "ops/matmul.h"
+#include "ops/shape.h"
 #include "ops/situ.h"
 
 namespace myriad::model {
@@ -17,9 +18,9 @@ Tensor glu(const GluAct& a, const Tensor& gate, const Tensor& up) {
 }
 
 Tensor glu_mlp(const GluAct& a, const Tensor& x, const Weights& w, const std::string& prefix) {
-  return project(
-      glu(a, project(x, w, prefix + "gate_proj.weight"), project(x, w, prefix + "up_proj.weight")),
-      w, prefix + "down_proj.weight");
+  const std::string g = prefix + "gate_proj.weight", u = prefix + "up_proj.weight";
+  const auto gu = ops::split(project_cat(x, w, {g, u}), {w.get(g).size(0), w.get(u).size(0)}, -1);
+  return project(glu(a, gu[0], gu[1]), w, prefix + "down_proj.weight");
 }
 
 DenseFfn::DenseFfn(const ModelConfig& c, const Weights* w, int64_t layer)

@@ -14,7 +14,11 @@ KdaLayer::KdaLayer(const ModelConfig& c, const Weights* w, int64_t layer)
       eps_(c.rms_norm_eps),
       lower_bound_(c.linear_attn_config.gate_lower_bound.has_value()),
       full_rank_gate_(c.linear_attn_config.use_full_rank_gate),
-      g_min_(c.linear_attn_config.gate_lower_bound.value_or(-5.0)) {}
+      g_min_(c.linear_attn_config.gate_lower_bound.value_or(-5.0)) {
+  for (const char* n : {"q_proj", "k_proj", "v_proj", "f_a_proj", "b_proj",
+                        full_rank_gate_ ? "g_proj" : "g_a_proj"})
+    x_projs_.push_back(prefix_ + n + ".weight");
+}
 
 void KdaLayer::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>& out) {
   const auto& lac = c.linear_attn_config;
@@ -44,9 +48,12 @@ void KdaLayer::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamS
 
 Tensor KdaLayer::forward(const Tensor& x_BTD, KdaState* state) const {
   const int64_t B = x_BTD.size(0), T = x_BTD.size(1), P = H_ * dk_;
-  // Projections and the short conv over [q̂; k̂; v̂] (tap K-1 multiplies the current token).
-  Tensor qkv_BTC = ops::concat(
-      {lin(x_BTD, "q_proj.weight"), lin(x_BTD, "k_proj.weight"), lin(x_BTD, "v_proj.weight")}, -1);
+  // Every projection of x as one product: q̂ k̂ v̂, the decay gate's f_a, the write strength's b
+  // and the output gate's g_a (or full-rank g). Then the short conv over [q̂; k̂; v̂] (tap K-1
+  // multiplies the current token).
+  auto xs = ops::split(project_cat(x_BTD, *w_, x_projs_),
+                       {3 * P, dk_, H_, full_rank_gate_ ? P : dk_}, -1);
+  Tensor qkv_BTC = xs[0];
   Tensor wconv_CK = ops::concat(
       {ops::reshape(w("q_conv1d.weight"), {P, K_}), ops::reshape(w("k_conv1d.weight"), {P, K_}),
        ops::reshape(w("v_conv1d.weight"), {P, K_})},
@@ -60,18 +67,17 @@ Tensor KdaLayer::forward(const Tensor& x_BTD, KdaState* state) const {
   Tensor k = ops::l2norm(ops::reshape(parts[1], heads));
   Tensor v = ops::reshape(parts[2], heads);
   // Decay gate (f32) and write strength.
-  Tensor z_BTP = lin(lin(x_BTD, "f_a_proj.weight"), "f_b_proj.weight");
+  Tensor z_BTP = lin(xs[1], "f_b_proj.weight");
   Tensor g = lower_bound_ ? ops::kda_gate_lower_bound(z_BTP, w("A_log"), w("dt_bias"), g_min_)
                           : ops::kda_gate_softplus(z_BTP, w("A_log"), w("dt_bias"));
   g = ops::reshape(g, heads);
-  Tensor beta_BTH = ops::sigmoid(lin(x_BTD, "b_proj.weight"));
+  Tensor beta_BTH = ops::sigmoid(xs[2]);
   Tensor s0 = state ? state->S_BHKV : Tensor();
   ops::KdaOutput r = state && T == 1 ? ops::kda_step(q, k, v, g, beta_BTH, s0)
                                      : ops::kda(q, k, v, g, beta_BTH, s0);
   if (state) state->S_BHKV = r.final_state;
   // Gated RMSNorm per head (one weight shared by all heads), then o_proj.
-  Tensor gate = full_rank_gate_ ? lin(x_BTD, "g_proj.weight")
-                                : lin(lin(x_BTD, "g_a_proj.weight"), "g_b_proj.weight");
+  Tensor gate = full_rank_gate_ ? xs[3] : lin(xs[3], "g_b_proj.weight");
   Tensor o = ops::mul(ops::rms_norm(r.o, w("o_norm.weight"), eps_),
                       ops::sigmoid(ops::reshape(gate, heads)));
   return lin(ops::reshape(o, {B, T, P}), "o_proj.weight");

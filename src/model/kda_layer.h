@@ -33,6 +33,7 @@ class KdaLayer {
   double eps_;
   bool lower_bound_, full_rank_gate_;
   double g_min_;
+  std::vector<std::string> x_projs_;  // the projections of x, in forward's one product
 };
 
 }  // namespace myriad::model

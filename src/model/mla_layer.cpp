@@ -84,6 +84,17 @@ MlaLayer::MlaLayer(const ModelConfig& c, const Weights* w, int64_t layer)
       rope_(Rope::from(c)) {
   tau_ = 1.0 / std::sqrt(static_cast<double>(dn_ + dr_));
   if (rope_on_) tau_ *= rope_.softmax_mscale;
+  auto proj = [&](const char* n, int64_t cols) {
+    x_projs_.push_back(prefix_ + n + ".weight");
+    x_cols_.push_back(cols);
+  };
+  if (q_lora_) {
+    proj("q_a_proj", *c.q_lora_rank);
+  } else {
+    proj("q_proj", H_ * (dn_ + dr_));
+  }
+  proj("kv_a_proj_with_mqa", r_ + dr_);
+  if (gate_) proj("g_proj", H_ * dv_);
 }
 
 void MlaLayer::add_specs(const ModelConfig& c, int64_t layer, std::vector<ParamSpec>& out) {
@@ -330,13 +341,14 @@ Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>&
   const int64_t pos0 = pos[0];
   const std::vector<int64_t> no_rows;
   const std::vector<int64_t>& row_pos = batched ? pos : no_rows;
-  Tensor q = q_lora_ ? lin(ops::rms_norm(lin(x_BTD, "q_a_proj.weight"), w("q_a_layernorm.weight"),
-                                         kLoraNormEps),
+  // Every projection of x as one product: q (or its low-rank q_a), kv_a, and the output gate's.
+  const auto xs = ops::split(project_cat(x_BTD, *w_, x_projs_), x_cols_, -1);
+  Tensor q = q_lora_ ? lin(ops::rms_norm(xs[0], w("q_a_layernorm.weight"), kLoraNormEps),
                            "q_b_proj.weight")
-                     : lin(x_BTD, "q_proj.weight");
+                     : xs[0];
   Tensor q_BTHQ = ops::reshape(q, {B, T, H_, dn_ + dr_});
   Tensor q_nope = q_BTHQ, q_pe;
-  Tensor kva = lin(x_BTD, "kv_a_proj_with_mqa.weight");
+  Tensor kva = xs[1];
   Tensor c_BTR = kva, k_pe;
   if (dr_ > 0) {
     auto qs = ops::split(q_BTHQ, {dn_, dr_}, -1);
@@ -398,7 +410,7 @@ Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>&
     o_BTO = ops::reshape(ops::permute(ops::reshape(o, {H_, B, T, dv_}), {1, 2, 0, 3}),
                          {B, T, H_ * dv_});
   }
-  if (gate_) o_BTO = ops::mul(o_BTO, ops::sigmoid(lin(x_BTD, "g_proj.weight")));
+  if (gate_) o_BTO = ops::mul(o_BTO, ops::sigmoid(xs[2]));
   return lin(o_BTO, "o_proj.weight");
 }
 

@@ -71,6 +71,8 @@ class MlaLayer {
   int64_t window_;
   double tau_adm_;
   Rope rope_;
+  std::vector<std::string> x_projs_;  // q_a_proj or q_proj, kv_a_proj_with_mqa [, g_proj]
+  std::vector<int64_t> x_cols_;       // their output widths
   double tau_;
 };
 

@@ -163,7 +163,18 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
       const int64_t q = at[ids[t * k_ + s]]++;
       tok[q] = t, slot[q] = t * k_ + s;
     }
-  Tensor xin = latent_ ? lin(x_ND, "routed_expert_down_proj.weight") : x_ND;
+  // The products of x that do not wait for the routing, as one: the latent down-projection and
+  // the shared experts' gate and up.
+  std::vector<std::string> names;
+  if (latent_) names.push_back(prefix_ + "routed_expert_down_proj.weight");
+  if (shared_ > 0)
+    for (const char* n : {"gate_proj", "up_proj"})
+      names.push_back(prefix_ + "shared_experts." + n + ".weight");
+  std::vector<int64_t> cols;
+  for (const std::string& n : names) cols.push_back(w_->get(n).size(0));
+  std::vector<Tensor> xp;
+  if (!names.empty()) xp = ops::split(project_cat(x_ND, *w_, names), cols, -1);
+  Tensor xin = latent_ ? xp[0] : x_ND;
   const int64_t M = N * k_;
   Tensor tok_t = Tensor::from_ints(tok, {M}, DType::I64, xin.device());
   Tensor slot_t = Tensor::from_ints(slot, {M}, DType::I64, xin.device());
@@ -178,7 +189,10 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
     if (latent_norm_) y = ops::rms_norm(y, w("routed_expert_norm.weight"), eps_);
     y = lin(y, "routed_expert_up_proj.weight");
   }
-  if (shared_ > 0) y = ops::add(y, glu_mlp(act_, x_ND, *w_, prefix_ + "shared_experts."));
+  if (shared_ > 0) {
+    const size_t g = latent_ ? 1 : 0;
+    y = ops::add(y, lin(glu(act_, xp[g], xp[g + 1]), "shared_experts.down_proj.weight"));
+  }
   return ops::reshape(y, {B, T, d});
 }
 

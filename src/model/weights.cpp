@@ -237,6 +237,20 @@ Tensor project(const Tensor& x, const Weights& w, const std::string& name) {
   return ops::linear(x, w.get(name));
 }
 
+Tensor project_cat(const Tensor& x, const Weights& w, const std::vector<std::string>& names) {
+  std::vector<const ops::Int8Weight*> q;
+  for (const std::string& n : names)
+    if (const ops::Int8Weight* p = w.int8(n)) q.push_back(p);
+  if (!q.empty() && q.size() == names.size()) return ops::linear_int8_cat(x, q);
+  std::vector<Tensor> parts;
+  if (q.empty()) {
+    for (const std::string& n : names) parts.push_back(w.get(n));
+    return ops::linear_cat(x, parts);
+  }
+  for (const std::string& n : names) parts.push_back(project(x, w, n));
+  return ops::concat(parts, -1);
+}
+
 Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
                        const std::vector<std::string>& names) {
   std::vector<const ops::Int8Weight*> q;

@@ -92,6 +92,9 @@ class Weights {
 // copy when quantize_int8() made one.
 Tensor project(const Tensor& x, const Weights& w, const std::string& name);
 // grouped_linear over the named weights (a MoE's experts), int8 when every one has a copy.
+// Several projections of one x side by side ([..., sum of outs], names[0]'s columns first), in
+// one product where they are all int8 or none is (ops::linear_cat, ops::linear_int8_cat).
+Tensor project_cat(const Tensor& x, const Weights& w, const std::vector<std::string>& names);
 Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
                        const std::vector<std::string>& names);
 

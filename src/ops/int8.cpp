@@ -156,4 +156,42 @@ Tensor grouped_linear_int8(const Tensor& x, const std::vector<int64_t>& offsets,
   return y;
 }
 
+Tensor linear_int8_cat(const Tensor& x, const std::vector<const Int8Weight*>& w) {
+  const char* op = "linear_int8_cat";
+  MYRIAD_CHECK(!w.empty(), op, ": no weights");
+  std::vector<int64_t> at;  // first output column of each product
+  int64_t total = 0;
+  for (const Int8Weight* wi : w) {
+    MYRIAD_CHECK(wi, op, ": a null weight");
+    check_weight(op, *wi);
+    check_x(op, x, *wi, 0);
+    at.push_back(total);
+    total += wi->out();
+  }
+  if (x.dtype() == DType::BF16) return linear_int8_cat(x.to(DType::F32), w).to(DType::BF16);
+  NoGradGuard ng;
+  Shape so(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = shape_numel(so);
+  so.push_back(total);
+  Tensor y = Tensor::empty(so, DType::F32, x.device());
+  if (rows == 0) return y;
+  const Tensor x2 = x.contiguous();
+  if (!streams(x, rows)) {
+    Tensor y2 = y.view_as_strided({rows, total}, {total, 1}, 0);
+    for (size_t i = 0; i < w.size(); ++i)
+      slice(y2, 1, at[i], at[i] + w[i]->out())
+          .copy_(linear(reshape(x2, {rows, x.size(-1)}), dequantize_int8(*w[i])));
+    return y;
+  }
+  std::vector<GemmArgs> few;
+  for (size_t i = 0; i < w.size(); ++i) {
+    GemmArgs a = stream_args(x2, 0, rows, *w[i], y);
+    a.c = y.data<float>() + at[i];
+    a.ldc = total;
+    few.push_back(a);
+  }
+  int8_gemm_kernels().get(x.device(), DType::F32)(few);
+  return y;
+}
+
 }  // namespace myriad::ops

@@ -21,8 +21,8 @@
 
 namespace myriad::ops {
 
-constexpr int64_t kInt8Group = 32;       // elements of a row per scale
-constexpr int64_t kInt8StreamRows = 16;  // rows of x up to which the codes are streamed
+constexpr int64_t kInt8Group = 32;             // elements of a row per scale
+constexpr int64_t kInt8StreamRows = kFewRows;  // rows of x up to which the codes are streamed
 
 struct Int8Weight {
   Tensor q;      // U8 [out, in]: the int8 codes' bytes (two's complement)
@@ -40,6 +40,8 @@ Tensor linear_int8(const Tensor& x, const Int8Weight& w);
 // grouped_linear with int8 weights: rows [offsets[g], offsets[g + 1]) of x [M, in] times w[g].
 Tensor grouped_linear_int8(const Tensor& x, const std::vector<int64_t>& offsets,
                            const std::vector<const Int8Weight*>& w);
+// linear_cat with int8 weights: concat(linear_int8(x, *w[i]), -1), streamed in one unit of work.
+Tensor linear_int8_cat(const Tensor& x, const std::vector<const Int8Weight*>& w);
 
 // ---- kernel ----
 // Few-row products with int8 B: every GemmArgs has trans_b, m <= kInt8StreamRows, dtype F32 (A

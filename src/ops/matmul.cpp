@@ -244,6 +244,90 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return out;
 }
 
+Tensor linear_cat(const Tensor& x, const std::vector<Tensor>& w) {
+  const char* op = "linear_cat";
+  MYRIAD_CHECK(!w.empty(), op, ": no weights");
+  check_inputs(op, {&x});
+  check_floating(op, x);
+  MYRIAD_CHECK(x.dim() >= 1, op, ": input must have rank >= 1, got ", x.desc());
+  const int64_t in = x.size(-1);
+  std::vector<int64_t> at;  // first output column of each product
+  int64_t total = 0;
+  for (const Tensor& wi : w) {
+    check_inputs(op, {&x, &wi});
+    check_same_dtype(op, {&x, &wi});
+    check_dim(op, wi, 2);
+    MYRIAD_CHECK(wi.size(1) == in, op, ": input features differ (x ", shape_str(x.shape()),
+                 ", weight ", at.size(), " ", shape_str(wi.shape()), ")");
+    at.push_back(total);
+    total += wi.size(0);
+  }
+  Shape so(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = shape_numel(so);
+  so.push_back(total);
+  Tensor out = Tensor::empty(so, x.dtype(), x.device());
+  const Tensor x2 = x.detach().contiguous();
+  std::vector<Tensor> wc;
+  for (const Tensor& wi : w) wc.push_back(wi.detach().contiguous());
+  const size_t es = dtype_size(x.dtype());
+  std::vector<GemmArgs> fwd;
+  for (size_t i = 0; i < w.size(); ++i) {
+    GemmArgs a;
+    a.m = rows, a.n = wc[i].size(0), a.k = in, a.trans_b = true;
+    a.a = x2.data_ptr();
+    a.b = wc[i].data_ptr();
+    a.c = static_cast<char*>(out.data_ptr()) + at[i] * static_cast<int64_t>(es);
+    a.lda = in, a.ldb = in, a.ldc = total;
+    a.dtype = x.dtype(), a.device = x.device();
+    fwd.push_back(a);
+  }
+  if (rows <= kFewRows) {
+    grouped_gemm(fwd);
+  } else {
+    for (const GemmArgs& a : fwd) gemm(a);
+  }
+  std::vector<Tensor> inputs = {x};
+  inputs.insert(inputs.end(), w.begin(), w.end());
+  if (needs_grad(inputs)) {
+    std::vector<bool> need;
+    for (const Tensor& i : inputs) need.push_back(needs_grad({&i}));
+    record(op, out, inputs,
+           [need, at, x2, wc, rows, in, total, es, sx = x.shape()](const Tensor& g) {
+             const Tensor gy = g.to(x2.dtype()).contiguous();  // [rows, total]
+             const char* pg = static_cast<const char*>(gy.data_ptr());
+             std::vector<Tensor> grads(wc.size() + 1);
+             GemmArgs a;
+             a.dtype = x2.dtype(), a.device = x2.device();
+             if (need[0]) {  // dx = sum_i dy_i W_i, accumulated product by product
+               Tensor dx = Tensor::empty({rows, in}, x2.dtype(), x2.device());
+               for (size_t i = 0; i < wc.size(); ++i) {
+                 GemmArgs d = a;
+                 d.m = rows, d.n = in, d.k = wc[i].size(0);
+                 d.a = pg + at[i] * static_cast<int64_t>(es), d.lda = total;
+                 d.b = wc[i].data_ptr(), d.ldb = in;
+                 d.c = dx.data_ptr(), d.ldc = in;
+                 d.beta = i == 0 ? 0.0f : 1.0f;
+                 gemm(d);
+               }
+               grads[0] = reshape(dx, sx);
+             }
+             for (size_t i = 0; i < wc.size(); ++i) {  // dW_i = dy_i^T x
+               if (!need[i + 1]) continue;
+               Tensor dw = Tensor::empty(wc[i].shape(), x2.dtype(), x2.device());
+               GemmArgs d = a;
+               d.m = wc[i].size(0), d.n = in, d.k = rows, d.trans_a = true;
+               d.a = pg + at[i] * static_cast<int64_t>(es), d.lda = total;
+               d.b = x2.data_ptr(), d.ldb = in;
+               d.c = dw.data_ptr(), d.ldc = in;
+               gemm(d);
+               grads[i + 1] = dw;
+             }
+             return grads;
+           });
+  }
+  return out;
+}
+
 Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
                       const std::vector<Tensor>& w) {
   const char* op = "grouped_linear";

@@ -6,6 +6,9 @@
 
 namespace myriad::ops {
 
+// Rows of A up to which a GEMM is a stream of B (decode: a token per running sequence).
+constexpr int64_t kFewRows = 16;
+
 // [M, K] x [K, N] -> [M, N]; with batch dims, [..., M, K] x [..., K, N] (batch dims broadcast;
 // a 2-d operand is shared by every batch).
 Tensor matmul(const Tensor& a, const Tensor& b);
@@ -19,6 +22,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = {});
 // grouped GEMM, forward and backward.
 Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
                       const std::vector<Tensor>& w);
+// Several linears of one input side by side: x [..., in] and w[i] [out_i, in] -> [..., sum of
+// out_i], the columns of w[0] first: concat(linear(x, w[i]), -1) without the copy. Up to
+// kFewRows rows (decode) run every product as one grouped GEMM (one parallel region on the CPU)
+// with the bits linear gives; more rows run a GEMM per product into its columns.
+Tensor linear_cat(const Tensor& x, const std::vector<Tensor>& w);
 
 // ---- kernel ----
 // C[b] = alpha * op(A[b]) op(B[b]) + beta * C[b] for b < batch, row-major, with op = transpose

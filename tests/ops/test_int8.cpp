@@ -136,6 +136,33 @@ TEST(Int8, GroupedEqualsOneProductPerGroup) {
   }
 }
 
+// linear_int8_cat against linear_int8 per weight, concatenated: the same bits streamed (up to
+// kInt8StreamRows rows) and dequantized (more rows), with a leading batch dimension.
+TEST(Int8, CatEqualsConcatenatedProducts) {
+  std::vector<ops::Int8Weight> ws;
+  for (int64_t out : {24, 3, 40}) ws.push_back(ops::quantize_int8(randn({out, 64}, 40 + out, 0.1)));
+  std::vector<const ops::Int8Weight*> wp;
+  for (const auto& w : ws) wp.push_back(&w);
+  for (int64_t rows : {1, 5, 16, 20}) {
+    const Tensor x = randn({2, rows, 64}, 50 + rows);
+    std::vector<Tensor> parts;
+    for (const auto& w : ws) parts.push_back(ops::linear_int8(x, w));
+    const Tensor y = ops::linear_int8_cat(x, wp);
+    EXPECT_EQ(y.shape(), Shape({2, rows, 67}));
+    EXPECT_EQ(y.to_floats(), ops::concat(parts, -1).to_floats()) << "rows " << rows;
+  }
+  expect_error(
+      [] {
+        ops::linear_int8_cat(Tensor::zeros({2, 64}), {});
+      },
+      {"linear_int8_cat", "no weights"});
+  expect_error(
+      [&] {
+        ops::linear_int8_cat(Tensor::zeros({2, 32}), wp);
+      },
+      {"linear_int8_cat", "input features differ"});
+}
+
 TEST(Int8, BadInputsNameTheOp) {
   expect_error(
       [] {

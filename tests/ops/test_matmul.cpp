@@ -342,6 +342,59 @@ TEST(MatmulCpu, GroupedLinearEqualsLinearPerGroup) {
   }
 }
 
+// linear_cat against a linear per weight, concatenated: the same bits at decode's few rows (one
+// grouped GEMM, the kernel linear runs), equal values above them (a GEMM per product writing its
+// columns), and the gradients of x (summed over the products) and of every weight.
+TEST(MatmulCpu, LinearCatEqualsConcatenatedLinears) {
+  for (DType t : {DType::F32, DType::BF16})
+    for (int64_t rows : {0, 1, 3, 16, 17, 40}) {
+      Tensor x = randn({rows, 33}, 90 + rows).to(t).requires_grad_();
+      std::vector<Tensor> w;
+      for (int64_t out : {19, 5, 64})
+        w.push_back(randn({out, 33}, 91 + out).to(t).requires_grad_());
+      const Tensor gy = randn({rows, 88}, 92).to(t);
+      const Tensor y = ops::linear_cat(x, w);
+      ASSERT_EQ(y.shape(), Shape({rows, 88}));
+      y.backward(gy);
+      const Tensor gx = x.grad();
+      std::vector<Tensor> gw;
+      for (Tensor& wi : w) gw.push_back(wi.grad()), wi.zero_grad();
+      x.zero_grad();
+      std::vector<Tensor> parts;
+      for (const Tensor& wi : w) parts.push_back(ops::linear(x, wi));
+      const Tensor want = ops::concat(parts, -1);
+      want.backward(gy);
+      const std::string at = std::string(dtype_name(t)) + " rows " + std::to_string(rows);
+      if (rows == 0) {
+        EXPECT_EQ(gw[0].to_floats(), std::vector<float>(19 * 33, 0.0f)) << at;
+        continue;
+      }
+      const double tol = t == DType::F32 ? 1e-5 : 2e-2;
+      if (rows <= ops::kFewRows)
+        EXPECT_TRUE(same_bits(y, want)) << at;
+      else
+        EXPECT_LT(max_rel_err(y, want), tol) << at;
+      EXPECT_LT(max_rel_err(gx, x.grad()), tol) << at << " dx";
+      for (size_t i = 0; i < w.size(); ++i)
+        EXPECT_LT(max_rel_err(gw[i], w[i].grad()), tol) << at << " dw " << i;
+    }
+}
+
+TEST(MatmulErrors, LinearCat) {
+  const Tensor x = randn({5, 4}, 1);
+  expect_error([&] { ops::linear_cat(x, {}); }, {"linear_cat", "no weights"});
+  expect_error(
+      [&] {
+        ops::linear_cat(x, {randn({3, 4}, 2), randn({3, 5}, 3)});
+      },
+      {"linear_cat", "input features differ", "[3, 5]"});
+  expect_error(
+      [&] {
+        ops::linear_cat(x, {randn({3, 4}, 2).to(DType::BF16)});
+      },
+      {"linear_cat", "dtype"});
+}
+
 TEST(MatmulErrors, GroupedLinear) {
   Tensor x = randn({5, 4}, 1);
   std::vector<Tensor> w = {randn({3, 4}, 2), randn({3, 4}, 3)};
