@@ -88,6 +88,7 @@ Tensor KdaLayer::forward_batch(const Tensor& x_N1D, const std::vector<KdaState*>
   MYRIAD_CHECK(x_N1D.dim() == 3 && x_N1D.size(1) == 1 && static_cast<int64_t>(states.size()) == N,
                "kda: a batched decode step takes x [N, 1, d] and N states, got ", x_N1D.desc(),
                " and ", states.size(), " states");
+  if (N == 1) return forward(x_N1D, states[0]);  // the state as it is: no stacking copies
   std::vector<Tensor> conv, S;
   for (const KdaState* s : states) {
     MYRIAD_CHECK(s && s->conv_BCK.defined() && s->S_BHKV.defined(),

@@ -391,7 +391,7 @@ Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>&
     Tensor lat = dr_ > 0 ? ops::concat({c_BTR, k_pe}, -1) : c_BTR;
     auto wk = ops::split(W_HDR, {dn_, dv_}, 1);  // W^UK [H, dn, r], W^UV [H, dv, r]
     Tensor qn_HNd = ops::reshape(ops::permute(q_nope, {2, 0, 1, 3}), {H_, B * T, dn_});
-    Tensor qt = ops::bmm(qn_HNd, ops::contiguous(wk[0]));  // [H, B*T, r]
+    Tensor qt = ops::bmm(qn_HNd, wk[0]);  // [H, B*T, r]
     Tensor qa = ops::permute(ops::reshape(qt, {H_, B, T, r_}), {1, 0, 2, 3});
     if (dr_ > 0) qa = ops::concat({qa, ops::permute(q_pe, {0, 2, 1, 3})}, -1);
     Tensor oc;  // [B, H, T, r]
@@ -406,7 +406,8 @@ Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>&
       oc = ops::concat(rows, 0);
     }
     Tensor oc_HNr = ops::reshape(ops::permute(oc, {1, 0, 2, 3}), {H_, B * T, r_});
-    Tensor o = ops::bmm(oc_HNr, ops::contiguous(ops::transpose(wk[1], 1, 2)));  // [H, B*T, dv]
+    // W^UV's rows as they are stored ([dv, r] per head: the few-row kernel's layout), no copy.
+    Tensor o = ops::bmm(oc_HNr, ops::transpose(wk[1], 1, 2));  // [H, B*T, dv]
     o_BTO = ops::reshape(ops::permute(ops::reshape(o, {H_, B, T, dv_}), {1, 2, 0, 3}),
                          {B, T, H_ * dv_});
   }
