@@ -63,6 +63,29 @@ TEST(DType, TensorCastEqualsScalarBf16Conversion) {
   }
 }
 
+// Strided copies (contiguous() of permuted views) put every element where its index says, with
+// rows split over the threads so a chunk starts in the middle of the leading dimensions: rows of
+// 30 strided elements, and rows of 2 contiguous elements (memcpy) whose source rows are apart.
+TEST(TensorCopy, PermutedViewsCopyElementByElement) {
+  std::vector<float> v(40 * 30 * 50 * 3);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  const Tensor x = Tensor::from_floats(v, {40, 30, 50, 3});
+  const std::vector<float> y = ops::contiguous(ops::permute(x, {2, 0, 3, 1})).to_floats();
+  for (int64_t i = 0, at = 0; i < 50; ++i)
+    for (int64_t j = 0; j < 40; ++j)
+      for (int64_t k = 0; k < 3; ++k)
+        for (int64_t l = 0; l < 30; ++l, ++at)
+          ASSERT_EQ(y[at], v[((j * 30 + l) * 50 + i) * 3 + k])
+              << i << " " << j << " " << k << " " << l;
+  std::vector<float> w(3 * 9000 * 2);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+  const std::vector<float> z =
+      ops::contiguous(ops::transpose(Tensor::from_floats(w, {3, 9000, 2}), 0, 1)).to_floats();
+  for (int64_t i = 0, at = 0; i < 9000; ++i)
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t k = 0; k < 2; ++k, ++at) ASSERT_EQ(z[at], w[(j * 9000 + i) * 2 + k]) << i;
+}
+
 TEST(DType, F16RoundTripAndLimits) {
   for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f, 5.960464477539063e-08f, 0.1f})
     EXPECT_NEAR(f16_to_f32(f32_to_f16(v)), v, std::abs(v) * 1e-3 + 1e-8) << v;

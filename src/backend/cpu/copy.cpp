@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/rows.h"
@@ -41,29 +42,32 @@ void copy_row(const char* ps, int64_t ss, char* pd, int64_t sd, int64_t n) {
 }
 
 // A same-dtype copy with strides: row by row along the last dimension (a memcpy where both rows
-// are contiguous), the rows split over the threads. Each row's offsets come from its index.
+// are contiguous), the rows split over the threads. A chunk's first row finds its offsets from
+// its index; the next rows step them like an odometer (a division per dimension and row cost
+// 17 us for a decode step's 1536 rows of 2 elements, 30x the bytes' copy).
 void copy_strided_rows(const Tensor& src, Tensor& dst) {
   if (dst.numel() == 0) return;
   const Shape& shape = dst.shape();
   const Shape &st_s = src.strides(), &st_d = dst.strides();
   const int64_t rank = static_cast<int64_t>(shape.size()), last = shape[rank - 1];
   const int64_t rows = dst.numel() / last, ss = st_s[rank - 1], sd = st_d[rank - 1];
-  const size_t es = dtype_size(dst.dtype());
+  const int64_t es = static_cast<int64_t>(dtype_size(dst.dtype()));
   const char* ps = static_cast<const char*>(src.data_ptr());
   char* pd = static_cast<char*>(dst.data_ptr());
   parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 14) / last), [&](int64_t b, int64_t e) {
+    std::vector<int64_t> idx(static_cast<size_t>(rank), 0);  // row b's index (the last unused)
+    int64_t os = 0, od = 0;
+    for (int64_t d = rank - 2, q = b; d >= 0; --d) {
+      idx[d] = q % shape[d];
+      q /= shape[d];
+      os += idx[d] * st_s[d];
+      od += idx[d] * st_d[d];
+    }
     for (int64_t r = b; r < e; ++r) {
-      int64_t os = 0, od = 0;
-      for (int64_t d = rank - 2, q = r; d >= 0; --d) {
-        const int64_t i = q % shape[d];
-        q /= shape[d];
-        os += i * st_s[d];
-        od += i * st_d[d];
-      }
-      const char* s = ps + os * static_cast<int64_t>(es);
-      char* t = pd + od * static_cast<int64_t>(es);
+      const char* s = ps + os * es;
+      char* t = pd + od * es;
       if (ss == 1 && sd == 1)
-        std::memcpy(t, s, last * es);
+        std::memcpy(t, s, static_cast<size_t>(last * es));
       else if (es == 4)
         copy_row<uint32_t>(s, ss, t, sd, last);
       else if (es == 2)
@@ -72,6 +76,12 @@ void copy_strided_rows(const Tensor& src, Tensor& dst) {
         copy_row<uint64_t>(s, ss, t, sd, last);
       else
         copy_row<uint8_t>(s, ss, t, sd, last);
+      for (int64_t d = rank - 2; d >= 0; --d) {  // the next row
+        os += st_s[d], od += st_d[d];
+        if (++idx[d] < shape[d]) break;
+        os -= shape[d] * st_s[d], od -= shape[d] * st_d[d];
+        idx[d] = 0;
+      }
     }
   });
 }
