@@ -112,7 +112,11 @@ int64_t Decoder::quantize_int8() {
   for (const ParamSpec& s : weights_->specs()) {
     const std::string& n = s.name;
     if (s.shape.size() != 2 || s.shape[1] % ops::kInt8Group != 0) continue;
-    if (!(ends(n, "_proj.weight") || n == "lm_head.weight")) continue;
+    // Kimi's routed experts are w1 / w3 / w2 (gate, up, down), DeepSeek's *_proj.
+    const bool kimi_expert =
+        n.find(".experts.") != std::string::npos &&
+        (ends(n, ".w1.weight") || ends(n, ".w2.weight") || ends(n, ".w3.weight"));
+    if (!(ends(n, "_proj.weight") || n == "lm_head.weight" || kimi_expert)) continue;
     if (ends(n, "kv_b_proj.weight") || ends(n, "_res_proj.weight") ||
         n.find("gate.latent_proj") != std::string::npos)
       continue;

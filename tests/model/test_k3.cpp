@@ -150,6 +150,13 @@ TEST(K3, Int8WeightsDecodeAndTrackF32) {
   EXPECT_GE(n, 20);
   EXPECT_FALSE(m.weights().int8("model.layers.2.self_attn.kv_b_proj.weight"));
   EXPECT_TRUE(m.weights().int8("lm_head.weight"));
+  int64_t experts = 0;  // Kimi's routed experts (w1 / w3 / w2) stream as int8 too
+  for (const auto& [name, t] : m.weights().tensors())
+    if (name.find(".experts.") != std::string::npos) {
+      EXPECT_TRUE(m.weights().int8(name)) << name;
+      ++experts;
+    }
+  EXPECT_GT(experts, 0);
   EXPECT_NEAR(static_cast<double>(m.weights().int8_bytes()) / f32_bytes, 0.25 + 1.0 / 32, 1e-9);
   // (Logits up to ~10 on this model, which amplifies rounding: 1.1e-4 in the sanitizer build, whose
   // kernels run without fused multiply-adds.)
