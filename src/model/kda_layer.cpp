@@ -83,6 +83,23 @@ Tensor KdaLayer::forward(const Tensor& x_BTD, KdaState* state) const {
   return lin(ops::reshape(o, {B, T, P}), "o_proj.weight");
 }
 
+// Rows [1, ...] stacked into [N, ...]: the tensor they are consecutive rows of when they are (the
+// views a batched step left, same sequences in the same order), else a copy.
+Tensor KdaLayer::stacked(const std::vector<Tensor>& rows) {
+  const Tensor& a = rows[0];
+  const int64_t n = static_cast<int64_t>(rows.size()), row = a.numel();
+  bool views = a.size(0) == 1 && a.is_contiguous();
+  for (int64_t i = 1; views && i < n; ++i) {
+    const Tensor& r = rows[static_cast<size_t>(i)];
+    views = r.storage() == a.storage() && r.offset() == a.offset() + i * row &&
+            r.shape() == a.shape() && r.is_contiguous();
+  }
+  if (!views) return ops::concat(rows, 0);
+  Shape s = a.shape();
+  s[0] = n;
+  return a.view_as_strided(s, contiguous_strides(s), a.offset());
+}
+
 Tensor KdaLayer::forward_batch(const Tensor& x_N1D, const std::vector<KdaState*>& states) const {
   const int64_t N = x_N1D.size(0);
   MYRIAD_CHECK(x_N1D.dim() == 3 && x_N1D.size(1) == 1 && static_cast<int64_t>(states.size()) == N,
@@ -95,11 +112,13 @@ Tensor KdaLayer::forward_batch(const Tensor& x_N1D, const std::vector<KdaState*>
                  "kda: a batched decode step needs prefilled states");
     conv.push_back(s->conv_BCK), S.push_back(s->S_BHKV);
   }
-  KdaState all{ops::concat(conv, 0), ops::concat(S, 0)};
+  KdaState all{stacked(conv), stacked(S)};
   Tensor y = forward(x_N1D, &all);
+  // Each sequence keeps its row of the new states as a view: the next step of the same batch
+  // finds them stacked already (a sequence that leaves keeps its row alive, not a copy).
   for (int64_t n = 0; n < N; ++n) {
-    states[n]->conv_BCK = ops::contiguous(ops::slice(all.conv_BCK, 0, n, n + 1));
-    states[n]->S_BHKV = ops::contiguous(ops::slice(all.S_BHKV, 0, n, n + 1));
+    states[n]->conv_BCK = ops::slice(all.conv_BCK, 0, n, n + 1);
+    states[n]->S_BHKV = ops::slice(all.S_BHKV, 0, n, n + 1);
   }
   return y;
 }

@@ -24,6 +24,7 @@ class KdaLayer {
   Tensor forward_batch(const Tensor& x_N1D, const std::vector<KdaState*>& states) const;
 
  private:
+  static Tensor stacked(const std::vector<Tensor>& rows);
   const Tensor& w(const char* name) const { return w_->get(prefix_ + name); }
   // x . W^T through project() (int8 where the weights have a copy).
   Tensor lin(const Tensor& x, const char* name) const { return project(x, *w_, prefix_ + name); }
