@@ -99,8 +99,14 @@ Tensor dequantize_int8(const Int8Weight& w) {
   const auto* Q = w.q.data<uint8_t>();
   const float* S = w.scale.data<float>();
   float* R = r.data<float>();
-  for (int64_t i = 0, n = w.out() * w.in(); i < n; ++i)
-    R[i] = static_cast<float>(static_cast<int8_t>(Q[i])) * S[i / kInt8Group];
+  // Group by group, so the inner loop is one scale times 32 codes (it vectorises).
+  for (int64_t g = 0, groups = w.out() * w.in() / kInt8Group; g < groups; ++g) {
+    const float s = S[g];
+    const uint8_t* q = Q + g * kInt8Group;
+    float* o = R + g * kInt8Group;
+    for (int64_t j = 0; j < kInt8Group; ++j)
+      o[j] = static_cast<float>(static_cast<int8_t>(q[j])) * s;
+  }
   return r;
 }
 
@@ -140,17 +146,29 @@ Tensor grouped_linear_int8(const Tensor& x, const std::vector<int64_t>& offsets,
   if (x.dtype() == DType::BF16)
     return grouped_linear_int8(x.to(DType::F32), offsets, w).to(DType::BF16);
   NoGradGuard ng;
+  bool all_stream = true;
+  for (size_t g = 0; g < w.size(); ++g)
+    all_stream = all_stream && streams(x, offsets[g + 1] - offsets[g]);
+  if (!all_stream) {
+    // Prefill: every group's dequantized weight in one grouped_linear (one parallel region and
+    // oneDNN primitives of any row count; a group of up to 16 rows gets the streamed bits there
+    // too, the f32 few-row kernel on the dequantized weight). An empty group reads no weight: it
+    // takes another group's.
+    std::vector<Tensor> wf(w.size());
+    for (size_t g = 0; g < w.size(); ++g)
+      if (offsets[g + 1] > offsets[g]) wf[g] = dequantize_int8(*w[g]);
+    const Tensor any =
+        *std::find_if(wf.begin(), wf.end(), [](const Tensor& t) { return t.defined(); });
+    for (Tensor& t : wf)
+      if (!t.defined()) t = any;
+    return grouped_linear(x, offsets, wf);
+  }
   const Tensor x2 = x.contiguous();
   Tensor y = Tensor::empty({x.size(0), w[0]->out()}, DType::F32, x.device());
   std::vector<GemmArgs> few;  // one unit of work: one parallel region for all of decode's experts
   for (size_t g = 0; g < w.size(); ++g) {
     const int64_t r0 = offsets[g], r1 = offsets[g + 1];
-    if (r0 == r1) continue;
-    if (streams(x, r1 - r0)) {
-      few.push_back(stream_args(x2, r0, r1, *w[g], y));
-    } else {
-      slice(y, 0, r0, r1).copy_(linear(slice(x2, 0, r0, r1), dequantize_int8(*w[g])));
-    }
+    if (r0 < r1) few.push_back(stream_args(x2, r0, r1, *w[g], y));
   }
   if (!few.empty()) int8_gemm_kernels().get(x.device(), DType::F32)(few);
   return y;

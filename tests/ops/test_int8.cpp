@@ -117,7 +117,7 @@ TEST(Int8, MatchesTheReferenceAndKeepsLeadingDims) {
 }
 
 // Every group as its own linear_int8, with empty groups, a one-token group and a group over the
-// streamed row count (which dequantizes) in one call.
+// streamed row count in one call (which then runs grouped_linear on the dequantized weights).
 TEST(Int8, GroupedEqualsOneProductPerGroup) {
   std::vector<ops::Int8Weight> ws;
   for (int g = 0; g < 5; ++g) ws.push_back(ops::quantize_int8(randn({24, 64}, 20 + g, 0.1)));
@@ -132,7 +132,11 @@ TEST(Int8, GroupedEqualsOneProductPerGroup) {
     const std::vector<float> e =
         ops::linear_int8(ops::slice(x, 0, offsets[g], offsets[g + 1]), ws[g]).to_floats();
     const std::vector<float> got(y.begin() + offsets[g] * 24, y.begin() + offsets[g + 1] * 24);
-    EXPECT_EQ(got, e) << "group " << g;
+    if (offsets[g + 1] - offsets[g] <= ops::kInt8StreamRows) {
+      EXPECT_EQ(got, e) << "group " << g;
+    } else {  // grouped_linear's oneDNN primitive of any row count: equal values, not bits
+      for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(got[i], e[i], 1e-5) << "group " << g;
+    }
   }
 }
 
