@@ -31,6 +31,10 @@ Moe::Moe(const ModelConfig& c, const Weights* w, int64_t layer)
   MYRIAD_CHECK(groups_ >= 1 && n_ % groups_ == 0 && topk_group_ >= 1 && topk_group_ <= groups_,
                "model: ", n_, " experts do not split into ", groups_, " groups (topk_group ",
                topk_group_, ")");
+  if (latent_) x_projs_.push_back(prefix_ + "routed_expert_down_proj.weight");
+  if (shared_ > 0)
+    for (const char* n : {"gate_proj", "up_proj"})
+      x_projs_.push_back(prefix_ + "shared_experts." + n + ".weight");
 }
 
 std::string Moe::prefix(const ModelConfig& c, int64_t layer) {
@@ -165,15 +169,10 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
     }
   // The products of x that do not wait for the routing, as one: the latent down-projection and
   // the shared experts' gate and up.
-  std::vector<std::string> names;
-  if (latent_) names.push_back(prefix_ + "routed_expert_down_proj.weight");
-  if (shared_ > 0)
-    for (const char* n : {"gate_proj", "up_proj"})
-      names.push_back(prefix_ + "shared_experts." + n + ".weight");
   std::vector<int64_t> cols;
-  for (const std::string& n : names) cols.push_back(w_->get(n).size(0));
+  for (const std::string& n : x_projs_) cols.push_back(w_->get(n).size(0));
   std::vector<Tensor> xp;
-  if (!names.empty()) xp = ops::split(project_cat(x_ND, *w_, names), cols, -1);
+  if (!x_projs_.empty()) xp = ops::split(project_cat(x_ND, *w_, x_projs_), cols, -1);
   Tensor xin = latent_ ? xp[0] : x_ND;
   const int64_t M = N * k_;
   Tensor tok_t = Tensor::from_ints(tok, {M}, DType::I64, xin.device());

@@ -77,6 +77,7 @@ class Moe {
   int64_t n_, k_, groups_, topk_group_, shared_;
   bool renorm_, latent_, latent_norm_, latent_router_;
   double scale_, eps_, router_scale_;  // router_scale_ = 1/√d_r
+  std::vector<std::string> x_projs_;   // routed_expert_down_proj [, shared gate, shared up]
   mutable RouteStats last_;            // overwritten by every route()
   mutable const ExpertRunner* runner_ = nullptr;
 };

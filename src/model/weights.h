@@ -91,10 +91,10 @@ class Weights {
 // x [..., in] . W^T for the [out, in] weight `name` (nn.Linear without bias), through its int8
 // copy when quantize_int8() made one.
 Tensor project(const Tensor& x, const Weights& w, const std::string& name);
-// grouped_linear over the named weights (a MoE's experts), int8 when every one has a copy.
 // Several projections of one x side by side ([..., sum of outs], names[0]'s columns first), in
 // one product where they are all int8 or none is (ops::linear_cat, ops::linear_int8_cat).
 Tensor project_cat(const Tensor& x, const Weights& w, const std::vector<std::string>& names);
+// grouped_linear over the named weights (a MoE's experts), int8 when every one has a copy.
 Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
                        const std::vector<std::string>& names);
 

@@ -190,17 +190,15 @@ Tensor linear_int8_cat(const Tensor& x, const std::vector<const Int8Weight*>& w)
   NoGradGuard ng;
   Shape so(x.shape().begin(), x.shape().end() - 1);
   const int64_t rows = shape_numel(so);
+  if (!streams(x, rows)) {  // prefill: linear_cat on the dequantized weights
+    std::vector<Tensor> wf;
+    for (const Int8Weight* wi : w) wf.push_back(dequantize_int8(*wi));
+    return linear_cat(x, wf);
+  }
   so.push_back(total);
   Tensor y = Tensor::empty(so, DType::F32, x.device());
   if (rows == 0) return y;
   const Tensor x2 = x.contiguous();
-  if (!streams(x, rows)) {
-    Tensor y2 = y.view_as_strided({rows, total}, {total, 1}, 0);
-    for (size_t i = 0; i < w.size(); ++i)
-      slice(y2, 1, at[i], at[i] + w[i]->out())
-          .copy_(linear(reshape(x2, {rows, x.size(-1)}), dequantize_int8(*w[i])));
-    return y;
-  }
   std::vector<GemmArgs> few;
   for (size_t i = 0; i < w.size(); ++i) {
     GemmArgs a = stream_args(x2, 0, rows, *w[i], y);

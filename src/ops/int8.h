@@ -40,7 +40,9 @@ Tensor linear_int8(const Tensor& x, const Int8Weight& w);
 // grouped_linear with int8 weights: rows [offsets[g], offsets[g + 1]) of x [M, in] times w[g].
 Tensor grouped_linear_int8(const Tensor& x, const std::vector<int64_t>& offsets,
                            const std::vector<const Int8Weight*>& w);
-// linear_cat with int8 weights: concat(linear_int8(x, *w[i]), -1), streamed in one unit of work.
+// linear_cat with int8 weights: up to kInt8StreamRows rows stream every weight's codes in one unit
+// of work, concat(linear_int8(x, *w[i]), -1) bit for bit; more rows (prefill) run linear_cat on
+// the dequantized weights.
 Tensor linear_int8_cat(const Tensor& x, const std::vector<const Int8Weight*>& w);
 
 // ---- kernel ----

@@ -175,10 +175,9 @@ void scale_c(const GemmArgs& g) {
 // Decode: each running sequence contributes one row of A. Every C[r, j] is the same sum in the
 // same order whatever m is and wherever row r sits, so a sequence decoded in a batch gets bit
 // for bit the logits it gets alone (tests/infer BatchedDecode).
-constexpr int64_t kMaxRows = 16;  // larger products (prefill) go to oneDNN
-static_assert(kMaxRows == ops::kInt8StreamRows);
-constexpr int kLanes = 16;  // f32 partial sums per product (one zmm, two ymm)
-constexpr int kTile = 4;    // tiles of up to 4 rows of B x 4 rows of A (16 accumulators)
+constexpr int64_t kMaxRows = ops::kFewRows;  // larger products (prefill) go to oneDNN
+constexpr int kLanes = 16;                   // f32 partial sums per product (one zmm, two ymm)
+constexpr int kTile = 4;  // tiles of up to 4 rows of B x 4 rows of A (16 accumulators)
 
 inline void store(float* p, float v, float beta) {
   *p = beta == 0.0f ? v : v + beta * *p;
@@ -239,11 +238,11 @@ MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, const floa
   int64_t i = 0;
   V wv[J][N] = {}, xv[N] = {};
   for (; i + kLanes <= k; i += kLanes) {
+    // The tile's rows of B, and each row's prefetch 512 elements ahead (2 KiB of f32): the
+    // hardware prefetcher alone left a core's single-row stream at 15-19 GB/s from a 128 MiB
+    // weight (18-21 with this), and decode 5-7% slower.
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) load16<W>(wv[jj], w[jj] + i);
-      // Each row of B 512 elements ahead (2 KiB of f32): the hardware prefetcher alone left a
-      // core's single-row stream at 15-19 GB/s from a 128 MiB weight (18-21 with this), and decode
-      // 5-7% slower.
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + 512, 0, 3);
     if constexpr (std::is_same_v<T, int8_t>) {
