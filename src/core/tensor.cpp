@@ -147,8 +147,13 @@ std::vector<double> Tensor::to_doubles() const {
   return v;
 }
 std::vector<float> Tensor::to_floats() const {
-  std::vector<double> d = to_doubles();
-  return {d.begin(), d.end()};
+  if (dtype() != DType::F32 && dtype() != DType::BF16 && dtype() != DType::F16) {
+    std::vector<double> d = to_doubles();  // one rounding, from the exact doubles
+    return {d.begin(), d.end()};
+  }
+  const Tensor h = to(kCPU).to(DType::F32).contiguous();  // exact for the float types
+  const float* p = h.data<float>();
+  return {p, p + h.numel()};
 }
 std::vector<int64_t> Tensor::to_ints() const {
   Tensor h = to(kCPU).to(DType::I64).contiguous();

@@ -223,7 +223,6 @@ struct Engine::Impl {
       auto pg = std::make_shared<model::LatentPages>();
       pg->block_tokens = cfg.block_tokens;
       pg->max_pages = s.plan.sliding ? s.plan.pages_per_layer : 0;
-      pg->group_pages = cfg.attention_group_pages;
       pg->alloc = [this] { return take_page_ref(); };
       if (pre) {
         pg->table = pre->mla_pages[i];
@@ -319,9 +318,7 @@ struct Engine::Impl {
 
   std::vector<float> row(const Tensor& logits, int64_t n) const {
     const int64_t V = logits.size(-1);
-    Tensor r = ops::reshape(ops::slice(ops::reshape(logits, {-1, V}), 0, n, n + 1), {V});
-    std::vector<double> d = r.to_doubles();
-    return std::vector<float>(d.begin(), d.end());
+    return ops::slice(ops::reshape(logits, {-1, V}), 0, n, n + 1).to_floats();
   }
 
   // One prefill chunk of the oldest sequence still reading its prompt.
@@ -473,7 +470,6 @@ Engine::Engine(const model::Decoder& model, const data::Tokenizer& tokenizer, En
   need(config.block_tokens >= 1, "block_tokens must be >= 1");
   need(config.prefill_chunk >= 1, "prefill_chunk must be >= 1");
   need(config.max_context >= 2, "max_context must be >= 2");
-  need(config.attention_group_pages >= 1, "attention_group_pages must be >= 1");
   impl_ = std::make_unique<Impl>(model, tokenizer, config);
   impl_->thread = std::thread([this] { impl_->loop(); });
 }

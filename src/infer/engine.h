@@ -72,9 +72,6 @@ struct EngineConfig {
   // pages per layer as the budget allows (KDA state carried whole; at least 2 pages); false:
   // such a request is rejected. Not with the admission gate, whose cache is unpaged.
   bool allow_sliding_mla = true;
-  // MLA attention runs over this many pages per call (copied into one view), merged across calls
-  // by log-sum-exp: bounds the transient copy at long contexts.
-  int64_t attention_group_pages = 16;
   // Prefix sharing: up to this many page-aligned prompt prefixes are kept (KDA states + the MLA
   // pages, counted in the budget, least recently used dropped first, and whenever a waiting
   // request needs their room); a request whose prompt starts with one skips reading it. 0: off.

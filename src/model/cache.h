@@ -26,11 +26,10 @@ struct KdaState {
 // tokens of the current call, so every query sees at least the last (max_pages - 1) pages).
 struct LatentPages {
   int64_t block_tokens = 0;
-  int64_t max_pages = 0;      // 0: unlimited
-  int64_t group_pages = 16;   // pages per attention call (at most this many copied into one view)
-  std::vector<Tensor> table;  // the block table
-  int64_t length = 0;         // tokens held in the table
-  int64_t dropped = 0;        // tokens that slid out of the window
+  int64_t max_pages = 0;          // 0: unlimited
+  std::vector<Tensor> table;      // the block table
+  int64_t length = 0;             // tokens held in the table
+  int64_t dropped = 0;            // tokens that slid out of the window
   std::function<Tensor()> alloc;  // a fresh page from the pool
   // Appends lat [1, T, C] (the oldest pages recycled when the window is full).
   void append(const Tensor& lat_1TC);

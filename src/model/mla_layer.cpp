@@ -273,56 +273,14 @@ Tensor MlaLayer::forward_batch(const Tensor& x_N1D, const std::vector<MlaState*>
   return forward_impl(x_N1D, states, pos, gate_N1);
 }
 
-Tensor MlaLayer::paged_attention(const Tensor& qa, const LatentPages& pg, int64_t S0) const {
-  const int64_t bt = pg.block_tokens;
-  const int64_t G = std::max<int64_t>(1, pg.group_pages);
-  const Device dev = qa.device();
-  const DType t = qa.dtype(), st = t == DType::F64 ? DType::F64 : DType::F32;
-  MYRIAD_CHECK(!needs_grad({&qa}), "mla: paged caches are for inference (no autograd)");
-  const Tensor q = qa.strides().back() == 1 ? qa : qa.contiguous();
-  Tensor acc, den, m;  // Σ e^{lse_g - m} out_g, Σ e^{lse_g - m}, the running max m
-  for (int64_t k0 = 0; k0 * bt < pg.length; k0 += G) {
-    // Pages [k0, k0 + G) as one [1, 1, n, r + dr] key view (a copy when more than one page);
-    // values are its first r channels. Query i sits at table position S0 + i.
-    std::vector<Tensor> parts;
-    int64_t n = 0;
-    for (int64_t k = k0; k < k0 + G && k * bt < pg.length; ++k) {
-      const int64_t len = std::min(bt, pg.length - k * bt);
-      parts.push_back(ops::slice(pg.table[k], 0, 0, len)), n += len;
-    }
-    Tensor kc =
-        ops::reshape(parts.size() == 1 ? parts[0] : ops::concat(parts, 0), {1, 1, n, r_ + dr_});
-    Tensor lse;
-    Tensor out =
-        ops::attention(q, kc, ops::slice(kc, -1, 0, r_), tau_, true, S0 - k0 * bt, {}, 0, &lse);
-    if (k0 + G >= static_cast<int64_t>(pg.table.size()) && !acc.defined()) return out;  // one group
-    out = out.to(st);
-    if (!acc.defined()) {
-      acc = out, m = lse, den = Tensor::ones(lse.shape(), st, dev);
-      continue;
-    }
-    // Log-sum-exp merge. The first group holds position 0, which every query sees, so m is
-    // finite; a group a query does not see has lse -inf and weight 0.
-    Tensor mn = ops::maximum(m, lse);
-    Tensor a = ops::exp(ops::sub(m, mn)), b = ops::exp(ops::sub(lse, mn));
-    acc = ops::add(ops::mul(acc, ops::unsqueeze(a, -1)), ops::mul(out, ops::unsqueeze(b, -1)));
-    den = ops::add(ops::mul(den, a), b), m = mn;
-  }
-  return ops::div(acc, ops::unsqueeze(den, -1)).to(t);
-}
-
 Tensor MlaLayer::cached_attention(const Tensor& qa, const Tensor& lat, const Tensor& a_BT,
                                   MlaState& st) const {
   if (adm_) return admitted_attention(qa, lat, a_BT, st);
   const int64_t S0 = st.length();
   Tensor keys;
-  // Paged: store the new latents, then attend over the pages in groups, merged by log-sum-exp.
-  // A sliding window instead attends over [held pages ; new latents] before storing, since
-  // storing may recycle pages the new queries still see.
-  if (st.pages && st.pages->max_pages == 0) {
-    st.pages->append(lat);
-    return paged_attention(qa, *st.pages, S0);
-  }
+  // Paged with a sliding window (unbounded pages go through ops::paged_attention in forward):
+  // attend over [held pages ; new latents] before storing, since storing may recycle pages the
+  // new queries still see.
   if (st.pages) {
     keys = S0 ? ops::concat({st.pages->gather(), lat}, 1) : lat;
     st.pages->append(lat);
@@ -395,7 +353,20 @@ Tensor MlaLayer::forward_impl(const Tensor& x_BTD, const std::vector<MlaState*>&
     Tensor qa = ops::permute(ops::reshape(qt, {H_, B, T, r_}), {1, 0, 2, 3});
     if (dr_ > 0) qa = ops::concat({qa, ops::permute(q_pe, {0, 2, 1, 3})}, -1);
     Tensor oc;  // [B, H, T, r]
-    if (!batched) {
+    const auto row_state = [&](int64_t b) { return batched ? states[b] : state; };
+    bool in_pages = !adm_ && (batched || B == 1);  // every row's latents in unbounded pages
+    for (int64_t b = 0; b < B && in_pages; ++b)
+      in_pages = row_state(b)->pages && row_state(b)->pages->max_pages == 0;
+    if (in_pages) {  // store the new latents, then one call over every row's pages in place
+      std::vector<std::vector<Tensor>> tables;
+      std::vector<int64_t> lengths;
+      for (int64_t b = 0; b < B; ++b) {
+        LatentPages& pg = *row_state(b)->pages;
+        pg.append(B == 1 ? lat : ops::slice(lat, 0, b, b + 1));
+        tables.push_back(pg.table), lengths.push_back(pg.length);
+      }
+      oc = ops::paged_attention(qa, tables, lengths, r_, tau_);
+    } else if (!batched) {
       oc = cached_attention(qa, lat, a_BT, *state);
     } else {  // each row over its own cache
       std::vector<Tensor> rows;

@@ -57,10 +57,6 @@ class MlaLayer {
   // new latents lat [B, T, r + dr] (which it then holds) -> [B, H, T, r].
   Tensor cached_attention(const Tensor& qa, const Tensor& lat, const Tensor& a_BT,
                           MlaState& st) const;
-  // qa [B, H, T, r + dr] at table positions S0.. over every page of pg (which already holds
-  // them), group_pages pages per call, merged by log-sum-exp -> [B, H, T, r]. Calls the
-  // attention kernel directly for its logsumexp (ops::attention does not return it).
-  Tensor paged_attention(const Tensor& qa, const LatentPages& pg, int64_t S0) const;
   // The absorbed attention over the admission cache (hard rule), which it then updates.
   Tensor admitted_attention(const Tensor& qa, const Tensor& lat_BTC, const Tensor& gate_BT,
                             MlaState& st) const;

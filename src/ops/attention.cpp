@@ -2,12 +2,14 @@
 // (one full score row per query, in double).
 #include "ops/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "core/autograd.h"
 #include "ops/check.h"
+#include "ops/shape.h"
 
 namespace myriad::ops {
 
@@ -17,6 +19,10 @@ KernelTable<AttentionKernel>& attention_kernels() {
 }
 KernelTable<AttentionBackwardKernel>& attention_backward_kernels() {
   static KernelTable<AttentionBackwardKernel> t("attention_backward");
+  return t;
+}
+KernelTable<PagedAttentionKernel>& paged_attention_kernels() {
+  static KernelTable<PagedAttentionKernel> t("paged_attention");
   return t;
 }
 
@@ -78,6 +84,70 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, dou
              return {dq, dk, dv, db};
            });
   }
+  return out;
+}
+
+Tensor paged_attention(const Tensor& q_in, const std::vector<std::vector<Tensor>>& pages,
+                       const std::vector<int64_t>& lengths, int64_t dv, double scale) {
+  const char* name = "paged_attention";
+  const Device dev = check_inputs(name, {&q_in});
+  check_floating(name, q_in);
+  check_dim(name, q_in, 4);
+  const int64_t B = q_in.size(0), Tq = q_in.size(2), Dk = q_in.size(3);
+  MYRIAD_CHECK(!needs_grad({&q_in}), name, ": paged caches are for inference (no autograd)");
+  MYRIAD_CHECK(static_cast<int64_t>(pages.size()) == B && static_cast<int64_t>(lengths.size()) == B,
+               name, ": ", B, " sequences in q, ", pages.size(), " page tables and ",
+               lengths.size(), " lengths");
+  MYRIAD_CHECK(std::isfinite(scale), name, ": scale must be finite, got ", scale);
+  const Tensor* first = nullptr;  // the first page: every page has its shape and dtype
+  for (const auto& table : pages)
+    if (!table.empty()) {
+      first = &table[0];
+      break;
+    }
+  MYRIAD_CHECK(first, name, ": no pages");
+  MYRIAD_CHECK(first->dim() == 2 && first->size(1) >= Dk && first->size(1) >= dv && dv >= 1, name,
+               ": a page [block_tokens, C] must have C >= Dk = ", Dk, " and >= dv = ", dv, ", got ",
+               first->desc());
+  const int64_t bt = first->size(0), C = first->size(1);
+  for (int64_t b = 0; b < B; ++b) {
+    MYRIAD_CHECK(lengths[b] >= Tq && lengths[b] <= static_cast<int64_t>(pages[b].size()) * bt, name,
+                 ": sequence ", b, " holds ", lengths[b], " keys in ", pages[b].size(),
+                 " pages of ", bt, "; it needs at least its ", Tq, " queries");
+    for (const Tensor& pg : pages[b]) {
+      check_inputs(name, {&pg});
+      MYRIAD_CHECK(pg.shape() == first->shape() && pg.dtype() == q_in.dtype() &&
+                       pg.device() == dev && pg.is_contiguous(),
+                   name, ": pages must all be contiguous ", first->desc(), " like q (", q_in.desc(),
+                   "), got ", pg.desc());
+    }
+  }
+  const Tensor q = unit_last(q_in);
+  const AttentionParams p{scale, true, 0, 0};
+  const Backend be = backend_for(dev, q.dtype());
+  if (!paged_attention_kernels().has(be)) {  // the definition: attention over the gathered keys
+    std::vector<Tensor> rows;
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<Tensor> parts;
+      for (int64_t k = 0; k * bt < lengths[b]; ++k)
+        parts.push_back(slice(pages[b][k], 0, 0, std::min(bt, lengths[b] - k * bt)));
+      const Tensor keys = unsqueeze(unsqueeze(concat(parts, 0), 0), 0);  // [1, 1, S, C]
+      rows.push_back(attention(slice(q, 0, b, b + 1), slice(keys, -1, 0, Dk),
+                               slice(keys, -1, 0, dv), scale, true, lengths[b] - Tq));
+    }
+    return concat(rows, 0);
+  }
+  PagedKv kv;
+  kv.block_tokens = bt, kv.row_stride = C, kv.dv = dv, kv.length = lengths;
+  for (int64_t b = 0; b < B; ++b) {
+    kv.first.push_back(static_cast<int64_t>(kv.page.size()));
+    for (int64_t k = 0; k * bt < lengths[b]; ++k) kv.page.push_back(pages[b][k].data_ptr());
+  }
+  kv.first.push_back(static_cast<int64_t>(kv.page.size()));
+  const DType t = q.dtype();
+  Tensor out = Tensor::empty({B, q.size(1), Tq, dv}, t, dev);
+  Tensor lse = Tensor::empty({B, q.size(1), Tq}, t == DType::F64 ? DType::F64 : DType::F32, dev);
+  paged_attention_kernels().get(be)(p, q, kv, out, lse);
   return out;
 }
 

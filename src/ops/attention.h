@@ -8,6 +8,8 @@
 // A query that sees no key (e.g. Tk = 0, or q_offset + i < 0 with `causal`) outputs 0, its
 // logsumexp is -inf, and it passes no gradient. Softmax statistics are f32 (f64 for f64 inputs).
 #pragma once
+#include <vector>
+
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -23,6 +25,18 @@ namespace myriad::ops {
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
                  int64_t q_offset = 0, const Tensor& key_bias = {}, int64_t bias_window = 0,
                  Tensor* lse = nullptr);
+
+// Attention over paged caches, every sequence in one call (the absorbed MLA decode, MODEL.md
+// §3.3): sequence b's keys are the first lengths[b] rows of its pages, pages[b][k] a
+// [block_tokens, C] tensor holding keys [k·block_tokens, (k + 1)·block_tokens) (every page of
+// every sequence the same shape and q's dtype). Key j is the first Dk channels of its row, value j
+// the first dv (keys and values share the latent, one kv head). q [B, Hq, Tq, Dk] ->
+// [B, Hq, Tq, dv] in q's dtype; query i of sequence b sits at position lengths[b] - Tq + i and sees
+// keys j <= that position. It equals attention(q[b], concat of b's pages, ..., causal,
+// lengths[b] - Tq) for each b; kernels read the pages in place (no gather). Backends without a
+// paged kernel (the reference, CUDA) run exactly that. No gradient: caches are for inference.
+Tensor paged_attention(const Tensor& q, const std::vector<std::vector<Tensor>>& pages,
+                       const std::vector<int64_t>& lengths, int64_t dv, double scale);
 
 // ---- kernels ----
 // q, k, v (and dout) are 4-d views with unit-stride last dimensions and any other strides; out
@@ -43,6 +57,20 @@ using AttentionBackwardKernel = void (*)(const AttentionParams& p, const Tensor&
                                          Tensor& dk, Tensor& dv, Tensor& dbias);
 KernelTable<AttentionKernel>& attention_kernels();
 KernelTable<AttentionBackwardKernel>& attention_backward_kernels();
+
+// The paged caches of paged_attention: key j of sequence b is row j % block_tokens of
+// page[first[b] + j / block_tokens] (a row of row_stride elements of q's dtype); its first Dk
+// elements are the key, its first dv the value. q is a 4-d view with a unit-stride last dimension,
+// out [B, Hq, Tq, dv] and lse [B, Hq, Tq] are contiguous; query i of b sits at
+// length[b] - Tq + i (p.causal is set, p.q_offset unused).
+struct PagedKv {
+  std::vector<const void*> page;
+  std::vector<int64_t> first, length;  // per sequence
+  int64_t block_tokens = 0, row_stride = 0, dv = 0;
+};
+using PagedAttentionKernel = void (*)(const AttentionParams& p, const Tensor& q, const PagedKv& kv,
+                                      Tensor& out, Tensor& lse);
+KernelTable<PagedAttentionKernel>& paged_attention_kernels();
 
 // Whether key j is visible to the query at absolute position qpos, and whether the bias applies.
 inline bool attention_visible(const AttentionParams& p, int64_t qpos, int64_t j) {

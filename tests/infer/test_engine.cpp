@@ -67,7 +67,7 @@ void page(const Decoder& m, DecodeCache& c, int64_t block, int64_t max_pages = 0
   for (int64_t i = 0; i < m.config().num_hidden_layers; ++i) {
     if (!m.config().is_mla_layer(i)) continue;
     auto p = std::make_shared<model::LatentPages>();
-    p->block_tokens = block, p->max_pages = max_pages, p->group_pages = 2;  // merges too
+    p->block_tokens = block, p->max_pages = max_pages;
     p->alloc = [=] { return Tensor::empty({block, C}); };
     c.mla[i].pages = p;
   }
@@ -212,7 +212,6 @@ EngineConfig small_config() {
   c.block_tokens = 4;
   c.prefill_chunk = 5;
   c.cache_budget_bytes = 64 << 20;
-  c.attention_group_pages = 2;  // attention over 8-token groups, merged by log-sum-exp
   return c;
 }
 
@@ -298,7 +297,7 @@ TEST(Engine, SegmentedPrefillEqualsOnePass) {
   const Decoder& m = tiny_model();
   const auto prompt = prompt_of(40, 2);
   EngineConfig one = small_config();
-  one.prefill_chunk = 1000, one.block_tokens = 64, one.attention_group_pages = 16;
+  one.prefill_chunk = 1000, one.block_tokens = 64;
   EngineConfig seg = small_config();
   seg.prefill_chunk = 7, seg.block_tokens = 4;  // 6 segments, 11 pages per MLA layer
   Engine a(m, tok(), one), b(m, tok(), seg);

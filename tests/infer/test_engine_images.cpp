@@ -161,7 +161,6 @@ EngineConfig config(int64_t chunk, int64_t block) {
   c.block_tokens = block;
   c.prefill_chunk = chunk;
   c.cache_budget_bytes = 64 << 20;
-  c.attention_group_pages = 2;
   return c;
 }
 
@@ -230,7 +229,6 @@ TEST(EngineImages, ImageInTheMiddleOfALongPrompt) {
   const Request r = image_request(p, {kLarge}, pixels_for({kLarge}, 4), 5);
   const Greedy want = reference(r);
   EngineConfig c = config(32, 16);
-  c.attention_group_pages = 4;
   Engine e(vision_model(), tok(), c);
   expect_matches(e.generate(r), want, "long prompt");
   EXPECT_EQ(e.stats().prefilled_tokens, static_cast<int64_t>(p.size()));

@@ -234,6 +234,97 @@ TEST_P(Attention, ThreadCountDoesNotChangeResults) {
   for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_NEAR(runs[0][i], runs[1][i], 1e-5) << i;
 }
 
+// paged_attention: sequence b's pages are pages [first[b], first[b + 1]) of one store
+// [P, bt, C] (rows past a sequence's length hold garbage it must not read).
+std::vector<std::vector<Tensor>> page_tables(const Tensor& store, const std::vector<int64_t>& n) {
+  std::vector<std::vector<Tensor>> t;
+  int64_t k = 0;
+  for (int64_t pages : n) {
+    t.emplace_back();
+    for (int64_t i = 0; i < pages; ++i, ++k)
+      t.back().push_back(
+          ops::reshape(ops::slice(store, 0, k, k + 1), {store.size(1), store.size(2)}));
+  }
+  return t;
+}
+
+TEST_P(Attention, PagedMatchesReference) {
+  // lengths 1, 70 and 200 over pages of 64 keys (tiles inside pages) and of 24 (tiles across
+  // pages); values 32 wide (read in place) and 20 (copied); decode and a 3-query continuation.
+  for (int64_t bt : {64, 24})
+    for (int64_t dv : {32, 20})
+      for (int64_t tq : {1, 3}) {
+        const std::vector<int64_t> len = {tq, 70, 200};
+        std::vector<int64_t> n;
+        int64_t total = 0;
+        for (int64_t l : len) n.push_back((l + bt - 1) / bt + 1), total += n.back();  // + a spare
+        Tensor q = randn({3, 4, tq, 40}, 100 + bt + dv + tq, 0.5);
+        Tensor store = randn({total, bt, 40}, 200 + bt + dv + tq);
+        expect_matches_reference_all(
+            cat("paged bt", bt, " dv", dv, " Tq", tq),
+            [&](const std::vector<Tensor>& x) {
+              return ops::paged_attention(x[0], page_tables(x[1], n), len, dv, 0.3);
+            },
+            {q, store}, backend());
+      }
+}
+
+// One sequence: the same bits as ops::attention over its gathered keys (the same tiles and key
+// splits; the pages are only read in place). Batched rows equal each row alone to rounding.
+TEST(AttentionPaged, EqualsGatheredAttention) {
+  for (int64_t bt : {64, 24}) {
+    const std::vector<int64_t> len = {1, 130, 300};
+    std::vector<int64_t> n;
+    int64_t total = 0;
+    for (int64_t l : len) n.push_back((l + bt - 1) / bt), total += n.back();
+    Tensor q = randn({3, 8, 1, 48}, 300 + bt, 0.5), store = randn({total, bt, 48}, 301 + bt);
+    const auto tables = page_tables(store, n);
+    Tensor all = ops::paged_attention(q, tables, len, 32, 0.2);
+    for (int64_t b = 0; b < 3; ++b) {
+      Tensor qb = ops::slice(q, 0, b, b + 1);
+      Tensor one = ops::paged_attention(qb, {tables[b]}, {len[b]}, 32, 0.2);
+      std::vector<Tensor> parts;
+      for (int64_t k = 0; k < n[b]; ++k)
+        parts.push_back(ops::slice(tables[b][k], 0, 0, std::min(bt, len[b] - k * bt)));
+      Tensor keys = ops::unsqueeze(ops::unsqueeze(ops::concat(parts, 0), 0), 0);
+      Tensor dense = ops::attention(qb, keys, ops::slice(keys, -1, 0, 32), 0.2, true, len[b] - 1);
+      EXPECT_EQ(one.to_doubles(), dense.to_doubles()) << "bt " << bt << " row " << b;
+      const auto a = ops::slice(all, 0, b, b + 1).to_doubles(), o = one.to_doubles();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], o[i], 1e-6) << b << " " << i;
+    }
+  }
+}
+
+TEST(AttentionPaged, BadInput) {
+  Tensor q = randn({2, 4, 1, 8}, 1);
+  const auto pages = page_tables(randn({3, 4, 8}, 2), {1, 2});
+  expect_error([&] { ops::paged_attention(q, pages, {1}, 8, 1); }, {"paged_attention", "lengths"});
+  expect_error(
+      [&] {
+        ops::paged_attention(q, pages, {5, 3}, 8, 1);
+      },
+      {"paged_attention", "sequence 0", "holds 5"});
+  expect_error(
+      [&] {
+        ops::paged_attention(q, pages, {0, 3}, 8, 1);
+      },
+      {"paged_attention", "sequence 0"});
+  expect_error([&] { ops::paged_attention(q, pages, {1, 3}, 9, 1); }, {"paged_attention", "dv"});
+  expect_error(
+      [&] {
+        ops::paged_attention(q, {{}, {}}, {1, 1}, 8, 1);
+      },
+      {"paged_attention", "no pages"});
+  auto mixed = pages;
+  mixed[1][1] = mixed[1][1].to(DType::BF16);
+  expect_error([&] { ops::paged_attention(q, mixed, {1, 6}, 8, 1); }, {"paged_attention", "bf16"});
+  expect_error(
+      [&] {
+        ops::paged_attention(q.requires_grad_(), pages, {1, 3}, 8, 1);
+      },
+      {"paged_attention", "inference"});
+}
+
 TEST(AttentionGrad, Gradcheck) {
   const std::vector<Case> cases = {
       {1, 2, 1, 3, 4, 3, 2, true, 1},

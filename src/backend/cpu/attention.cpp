@@ -206,10 +206,27 @@ struct View4 {
         s1(t.strides()[1]),
         s2(t.strides()[2]),
         d(t.shape()[3]) {}
+  // The keys and values of paged caches (ops::PagedKv): row (b, 0, t) is row t % bt of page
+  // page[first[b] + t / bt]; d is Dk for keys, dv for values.
+  View4(const ops::PagedKv& kv, bool f32_rows, int64_t width)
+      : p(nullptr),
+        f32(f32_rows),
+        s0(0),
+        s1(0),
+        s2(kv.row_stride),
+        d(width),
+        page(kv.page.data()),
+        first(kv.first.data()),
+        bt(kv.block_tokens) {}
   char* p;
   bool f32;
   int64_t s0, s1, s2, d;
+  const void* const* page = nullptr;
+  const int64_t* first = nullptr;
+  int64_t bt = 0;
   const void* row(int64_t b, int64_t h, int64_t t) const {
+    if (page)
+      return static_cast<const char*>(page[first[b] + t / bt]) + t % bt * s2 * (f32 ? 4 : 2);
     return p + (b * s0 + h * s1 + t * s2) * (f32 ? 4 : 2);
   }
   // dst[0, d) = row (b, h, t) · mul.
@@ -224,10 +241,11 @@ struct View4 {
       f32_row_to_bf16(src, static_cast<uint16_t*>(dst), d);
   }
   // Rows [t, t + n) of (b, h) as f32 with a row stride (into ld): in place when the rows can be
-  // read as they are (f32, and a multiple of 16 wide when `padded` reads must stay inside).
+  // read as they are (f32, on one page, and a multiple of 16 wide when `padded` reads must stay
+  // inside).
   const float* rows(int64_t b, int64_t h, int64_t t, int64_t n, bool padded, float* buf, int64_t ld,
                     int64_t& stride) const {
-    if (f32 && (!padded || d % 16 == 0)) {
+    if (f32 && (!padded || d % 16 == 0) && (!page || t % bt + n <= bt)) {  // within a page
       stride = s2;
       return static_cast<const float*>(row(b, h, t));
     }
@@ -249,14 +267,17 @@ const float* load_bias(const Tensor& bias, int64_t b, int64_t j0, int64_t n, flo
 // Shapes, and the row order of a kv group: row r is query position r / G of head hk·G + r % G.
 struct Geometry {
   Geometry(const Tensor& q, const Tensor& k, const Tensor& v)
+      : Geometry(q, k.shape()[1], k.shape()[2], v.shape()[3]) {}
+  // Tk: the most keys of any batch row (paged caches).
+  Geometry(const Tensor& q, int64_t hkv, int64_t tk, int64_t dv)
       : B(q.shape()[0]),
         Hq(q.shape()[1]),
-        Hkv(k.shape()[1]),
+        Hkv(hkv),
         G(Hq / Hkv),
         Tq(q.shape()[2]),
-        Tk(k.shape()[2]),
+        Tk(tk),
         Dk(q.shape()[3]),
-        Dv(v.shape()[3]),
+        Dv(dv),
         Dkp(round16(Dk)),
         Dvp(round16(Dv)),
         rows(G * Tq),
@@ -280,11 +301,10 @@ void load_keys(const View4& x, int64_t b, int64_t h, int64_t j0, int64_t n, floa
 
 // ---- forward ----
 
-void attention_cpu(const AttentionParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const Tensor& bias, Tensor& out, Tensor& lse) {
-  check_row_dtype("attention", q.dtype());
-  const Geometry g(q, k, v);
-  const View4 Q(q), K(k), V(v), O(out);
+// Batch row b has keys [0, tk[b]) and its query i at position qoff[b] + i.
+void forward(const AttentionParams& p, const Geometry& g, const View4& Q, const View4& K,
+             const View4& V, const View4& O, const Tensor& bias, const std::vector<int64_t>& tk,
+             const std::vector<int64_t>& qoff, Tensor& lse) {
   const float scale = static_cast<float>(p.scale);
   float* LSE = lse.data<float>();
   // Key splits when the (batch, kv head, row tile) items cannot occupy every thread.
@@ -302,8 +322,8 @@ void attention_cpu(const AttentionParams& p, const Tensor& q, const Tensor& k, c
     const int64_t b = bh / g.Hkv, hk = bh % g.Hkv;
     const int64_t r0 = rt * kTile, R = std::min(kTile, g.rows - r0);
     // Keys this tile's rows can see, then this split's share of their tiles.
-    const int64_t last_pos = p.q_offset + g.pos(r0 + R - 1);
-    const int64_t key_end = p.causal ? std::clamp<int64_t>(last_pos + 1, 0, g.Tk) : g.Tk;
+    const int64_t last_pos = qoff[b] + g.pos(r0 + R - 1);
+    const int64_t key_end = p.causal ? std::clamp<int64_t>(last_pos + 1, 0, tk[b]) : tk[b];
     const int64_t nkt = (key_end + kTile - 1) / kTile;
     const int64_t kt0 = nkt * split / splits, kt1 = nkt * (split + 1) / splits;
     const int64_t Rp = round16(R);
@@ -314,7 +334,7 @@ void attention_cpu(const AttentionParams& p, const Tensor& q, const Tensor& k, c
     for (int64_t r = 0; r < R; ++r) {
       Q.load(b, g.head(hk, r0 + r), g.pos(r0 + r), tmp.data(), scale);
       for (int64_t d = 0; d < g.Dk; ++d) qt[d * kTile + r] = tmp[d];
-      qpos[r] = p.q_offset + g.pos(r0 + r);
+      qpos[r] = qoff[b] + g.pos(r0 + r);
     }
     std::vector<int32_t> vis(kTile), blim(kTile);
     for (int64_t t = kt0; t < kt1; ++t) {
@@ -380,6 +400,27 @@ void attention_cpu(const AttentionParams& p, const Tensor& q, const Tensor& k, c
       LSE[(b * g.Hq + h) * g.Tq + i] = L > 0 ? M + std::log(L) : -kInf;
     }
   }
+}
+
+void attention_cpu(const AttentionParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& bias, Tensor& out, Tensor& lse) {
+  check_row_dtype("attention", q.dtype());
+  const Geometry g(q, k, v);
+  forward(p, g, View4(q), View4(k), View4(v), View4(out), bias, std::vector<int64_t>(g.B, g.Tk),
+          std::vector<int64_t>(g.B, p.q_offset), lse);
+}
+
+// Every sequence's pages read in place: one parallel region for the whole batch (work items are
+// the (sequence, row tile) pairs; a lone sequence splits its keys over the threads).
+void paged_attention_cpu(const AttentionParams& p, const Tensor& q, const ops::PagedKv& kv,
+                         Tensor& out, Tensor& lse) {
+  check_row_dtype("paged_attention", q.dtype());
+  const bool f32 = q.dtype() == DType::F32;
+  const Geometry g(q, 1, *std::max_element(kv.length.begin(), kv.length.end()), kv.dv);
+  std::vector<int64_t> qoff;
+  for (int64_t len : kv.length) qoff.push_back(len - g.Tq);
+  forward(p, g, View4(q), View4(kv, f32, g.Dk), View4(kv, f32, g.Dv), View4(out), Tensor(),
+          kv.length, qoff, lse);
 }
 
 // ---- backward ----
@@ -493,5 +534,6 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
 
 MYRIAD_REGISTER_KERNEL(ops::attention_kernels, ops::Backend::CPU, &attention_cpu);
 MYRIAD_REGISTER_KERNEL(ops::attention_backward_kernels, ops::Backend::CPU, &attention_backward_cpu);
+MYRIAD_REGISTER_KERNEL(ops::paged_attention_kernels, ops::Backend::CPU, &paged_attention_cpu);
 
 }  // namespace myriad::cpu
