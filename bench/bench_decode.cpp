@@ -17,10 +17,11 @@
 // --ctx-token prompt (to its first token), printing each request's first --show greedy tokens and
 // RESULT lines. A directory with only config.json first gets random weights (--seed) saved into it,
 // so transformers can load the same checkpoint.
-// --int8=1 instead runs the directory's model in f32 and with weight-only int8 projections
-// (ops/int8.h) side by side: top-1 agreement of the two over 256 positions, then decode tokens/s
-// of both, alternately, over 3 rounds. --quantize=1 runs the figures of 1. on the int8 model alone
-// (the CLI's --quantize int8; scripts/bench_vs_llamacpp.sh's q8_0 rows).
+// --int8=1 (--int8=4: int4) instead runs the directory's model in f32 and with weight-only int8
+// (int4) projections (ops/quant.h) side by side: top-1 agreement of the two over 256 positions,
+// then decode tokens/s of both, alternately, over 3 rounds. --quantize=8 (or 4) runs the figures
+// of 1. on the int8 (int4) model alone (the CLI's --quantize int8 / int4;
+// scripts/bench_vs_llamacpp.sh's q8_0 and q4_0 rows).
 //   bench_decode DIR [--ctx=1024] [--new=32] [--show=8] [--seed=1] [--batch16=1] [--int8=0]
 //                    [--quantize=0]
 #include <unistd.h>
@@ -159,15 +160,16 @@ double read_long(const model::Decoder& m, const data::Tokenizer& tok, infer::Eng
 }
 
 // Decode rates of one saved model (the Myriad side of scripts/bench_decode_vs_torch.sh).
-// The model in f32 and with int8 projections (ops/int8.h), side by side in this process: what
-// the int8 weights change (one forward over 256 prompt positions: top-1 agreement and the logit
-// difference), then decode tokens/s of both, alternating which goes first, over 3 rounds.
-int int8_side_by_side(const std::string& dir, const model::Decoder& m, const data::Tokenizer& tok,
-                      int64_t ctx, int64_t new_tokens, int64_t chunk, bool batch16) {
+// The model in f32 and with int8 (bits 8) or int4 (4) projections (ops/quant.h), side by side in
+// this process: what the quantized weights change (one forward over 256 prompt positions: top-1
+// agreement and the logit difference), then decode tokens/s of both, alternating which goes
+// first, over 3 rounds.
+int quant_side_by_side(const std::string& dir, const model::Decoder& m, const data::Tokenizer& tok,
+                       int64_t ctx, int64_t new_tokens, int64_t chunk, bool batch16, int bits) {
   model::Decoder q = model::Decoder::load(dir);
-  const int64_t n = q.quantize_int8(), V = m.config().vocab_size;
-  std::printf("int8 weights: %lld tensors, %.1f MB of codes and scales\n",
-              static_cast<long long>(n), q.weights().int8_bytes() / 1e6);
+  const int64_t n = q.quantize(bits), V = m.config().vocab_size;
+  std::printf("int%d weights: %lld tensors, %.1f MB of codes and scales\n", bits,
+              static_cast<long long>(n), q.weights().quant_bytes() / 1e6);
   const std::vector<int32_t> ids = prompt(256, V, 7);
   const Tensor ids_t =
       Tensor::from_ints(std::vector<int64_t>(ids.begin(), ids.end()), {1, 256}, DType::I64);
@@ -186,9 +188,9 @@ int int8_side_by_side(const std::string& dir, const model::Decoder& m, const dat
     }
   }
   std::printf(
-      "RESULT int8_vs_f32 positions=256 top1_agree=%lld mean_abs_diff_over_mean_abs=%.3g "
+      "RESULT int%d_vs_f32 positions=256 top1_agree=%lld mean_abs_diff_over_mean_abs=%.3g "
       "max_abs_diff_over_max_abs=%.3g\n",
-      static_cast<long long>(agree), diff / mag, worst / top);
+      bits, static_cast<long long>(agree), diff / mag, worst / top);
   infer::EngineConfig cfg;
   cfg.cache_budget_bytes = 8ll << 30;
   cfg.prefill_chunk = chunk;
@@ -204,10 +206,10 @@ int int8_side_by_side(const std::string& dir, const model::Decoder& m, const dat
         rate[w] = decode_rate(e, V, ctx, batch, new_tokens);
       }
       std::printf(
-          "RESULT round=%d batch=%lld ctx=%lld f32_tokens_per_s=%.2f int8_tokens_per_s=%.2f "
-          "int8_over_f32=%.3f\n",
-          r, static_cast<long long>(batch), static_cast<long long>(ctx), rate[0], rate[1],
-          rate[1] / rate[0]);
+          "RESULT round=%d batch=%lld ctx=%lld f32_tokens_per_s=%.2f int%d_tokens_per_s=%.2f "
+          "int%d_over_f32=%.3f\n",
+          r, static_cast<long long>(batch), static_cast<long long>(ctx), rate[0], bits, rate[1],
+          bits, rate[1] / rate[0]);
       std::fflush(stdout);
     }
   }
@@ -215,7 +217,7 @@ int int8_side_by_side(const std::string& dir, const model::Decoder& m, const dat
 }
 
 int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int64_t new_tokens,
-            int64_t chunk, int64_t show, uint64_t seed, bool batch16, bool int8, bool quantize) {
+            int64_t chunk, int64_t show, uint64_t seed, bool batch16, int int8, int quantize) {
   namespace fs = std::filesystem;
   if (!fs::exists(fs::path(dir) / "model.safetensors")) {
     const model::Decoder r =
@@ -226,11 +228,12 @@ int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int
                 dir.c_str());
   }
   model::Decoder m = model::Decoder::load(dir);
-  if (int8) return int8_side_by_side(dir, m, tok, ctx, new_tokens, chunk, batch16);
+  if (int8)
+    return quant_side_by_side(dir, m, tok, ctx, new_tokens, chunk, batch16, int8 == 4 ? 4 : 8);
   if (quantize) {
-    const int64_t n = m.quantize_int8();
-    std::printf("int8 weights: %lld tensors, %.1f MB of codes and scales\n",
-                static_cast<long long>(n), m.weights().int8_bytes() / 1e6);
+    const int64_t n = m.quantize(quantize);
+    std::printf("int%d weights: %lld tensors, %.1f MB of codes and scales\n", quantize,
+                static_cast<long long>(n), m.weights().quant_bytes() / 1e6);
   }
   const model::ModelConfig& c = m.config();
   std::printf("model %s: %lld layers (%lld MLA), d %lld, V %lld; %lld-token prompts, %lld new\n",
@@ -292,15 +295,22 @@ int run(int argc, char** argv) {
   const auto show = static_cast<int64_t>(take_flag(argc, argv, "show", "MYRIAD_BENCH_SHOW", 8));
   const auto seed = static_cast<uint64_t>(take_flag(argc, argv, "seed", "MYRIAD_BENCH_SEED", 1));
   const bool batch16 = take_flag(argc, argv, "batch16", "MYRIAD_BENCH_BATCH16", 1) != 0;
-  const bool int8 = take_flag(argc, argv, "int8", "MYRIAD_BENCH_INT8", 0) != 0;
-  const bool quantize = take_flag(argc, argv, "quantize", "MYRIAD_BENCH_QUANTIZE", 0) != 0;
+  const int int8 = static_cast<int>(take_flag(argc, argv, "int8", "MYRIAD_BENCH_INT8", 0));
+  const int quantize =
+      static_cast<int>(take_flag(argc, argv, "quantize", "MYRIAD_BENCH_QUANTIZE", 0));
+  if (quantize != 0 && quantize != 8 && quantize != 4) {
+    std::fprintf(stderr, "bench_decode: --quantize takes 0 (f32), 8 (int8) or 4 (int4), not %d\n",
+                 quantize);
+    return 2;
+  }
   NoGradGuard ng;
   std::printf("bench_decode: %s, %s, OMP threads %d\n",
               argc == 2 ? argv[1] : ("preset " + preset).c_str(),
-              argc != 2  ? "f32"
-              : int8     ? "f32 and int8 weights"
-              : quantize ? "int8 weights"
-                         : "f32",
+              argc != 2       ? "f32"
+              : int8          ? "f32 and quantized weights"
+              : quantize == 8 ? "int8 weights"
+              : quantize == 4 ? "int4 weights"
+                              : "f32",
               omp_get_max_threads());
   const std::string dir = "/tmp/myriad_bench_decode_" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);

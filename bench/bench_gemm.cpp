@@ -18,8 +18,8 @@
 #include "bench_util.h"
 #include "core/autograd.h"
 #include "core/random.h"
-#include "ops/int8.h"
 #include "ops/matmul.h"
+#include "ops/quant.h"
 
 namespace myriad::bench {
 namespace {
@@ -28,23 +28,26 @@ struct Case {
   int64_t m, n, k;
   DType dtype;
   bool linear = false;  // B stored [N, K] (nn.Linear's weight): Myriad runs ops::linear
-  bool int8 = false;    // Myriad runs ops::linear_int8 on B's int8 copy; oneDNN the f32 B
+  int bits = 0;  // 8 or 4: Myriad runs ops::linear_quant on B's int8 / int4 copy; oneDNN the f32 B
   std::string label() const {
     return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
            (linear ? "^T" : "");
   }
-  std::string type() const { return int8 ? "int8" : std::string(dtype_name(dtype)); }
+  std::string type() const {
+    return bits ? "int" + std::to_string(bits) : std::string(dtype_name(dtype));
+  }
   double flops() const { return 2.0 * m * n * k; }
-  // Myriad's bytes of B (int8: codes + f32 scales); oneDNN's are the f32 ones.
+  // Myriad's bytes of B (quantized: codes + f32 scales); oneDNN's are the f32 ones.
   double b_bytes(bool myriad = true) const {
-    return double(n) * k * (int8 && myriad ? 1.0 + 4.0 / ops::kInt8Group : dtype_size(dtype));
+    return double(n) * k *
+           (bits && myriad ? bits / 8.0 + 4.0 / ops::kQuantGroup : dtype_size(dtype));
   }
 };
 
 // Inputs and the direct oneDNN primitive of one case, built on first use and kept.
 struct State {
   Tensor a, b, c;  // c: oneDNN's output
-  ops::Int8Weight q;
+  ops::QuantWeight q;
   bool myriad_warm = false;
   std::unique_ptr<dnnl::matmul> prim;
   std::unordered_map<int, dnnl::memory> args;
@@ -65,7 +68,7 @@ State& state_for(const Case& c) {
     s->b = c.linear ? g.normal({c.n, c.k}, 0.0, 1.0, c.dtype)
                     : g.normal({c.k, c.n}, 0.0, 1.0, c.dtype);
     s->c = Tensor::zeros({c.m, c.n}, c.dtype);
-    if (c.int8) s->q = ops::quantize_int8(s->b);
+    if (c.bits) s->q = ops::quantize(s->b, c.bits);
   }
   return *s;
 }
@@ -74,7 +77,7 @@ void bench_myriad(benchmark::State& st, Case c) {
   State& s = state_for(c);
   NoGradGuard no_grad;
   auto run = [&] {
-    if (c.int8) return ops::linear_int8(s.a, s.q);
+    if (c.bits) return ops::linear_quant(s.a, s.q);
     return c.linear ? ops::linear(s.a, s.b) : ops::matmul(s.a, s.b);
   };
   if (!s.myriad_warm) {  // primitive creation stays out of the timing
@@ -141,10 +144,11 @@ int main(int argc, char** argv) {
                                                                    {16, 1536, 512, 1},
                                                                    {1, 65536, 512, 1}})
       cases.push_back({m, n, k, t, lin != 0});
-  // The same decode shapes with weight-only int8 B (ops/int8.h) against oneDNN's f32.
-  for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
-           {1, 4096, 1024}, {4, 4096, 1024}, {16, 4096, 1024}, {1, 65536, 512}})
-    cases.push_back({m, n, k, DType::F32, true, true});
+  // The same decode shapes with weight-only int8 and int4 B (ops/quant.h) against oneDNN's f32.
+  for (int bits : {8, 4})
+    for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
+             {1, 4096, 1024}, {4, 4096, 1024}, {16, 4096, 1024}, {1, 65536, 512}})
+      cases.push_back({m, n, k, DType::F32, true, bits});
   // names[case][0] = Myriad's runs, [1] = oneDNN's.
   std::vector<std::array<std::vector<std::string>, 2>> names(cases.size());
   for (int r = 0; r < rounds; ++r)
@@ -174,7 +178,7 @@ int main(int argc, char** argv) {
               "oneDNN GFLOP/s", "Myriad/oneDNN", "Myriad peak", "oneDNN peak");
   std::printf(
       "(^T: B stored [N, K] as nn.Linear's weight; M <= 16 rows add the GB/s of B read;\n"
-      " int8: Myriad's linear_int8 on int8 B against oneDNN's f32 B)\n");
+      " int8 / int4: Myriad's linear_quant on quantized B against oneDNN's f32 B)\n");
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     double my = collector.best(names[i][0], "FLOPS") * 1e-9;

@@ -8,14 +8,17 @@
 #
 # Environment: THREADS (2), REPS (2: each figure is the best of REPS runs), QUICK=1 (short
 # contexts: a smoke run of a few minutes), OUT (build/peers/bench), MYRIAD_BUILD (build/release,
-# configured with --preset release when missing), FORMATS ("f32 q8_0").
+# configured with --preset release when missing), FORMATS ("f32 q8_0 q4_0").
 #
 # q8_0: llama.cpp's converter writes q8_0 weights (int8 codes, one f16 scale per 32 weights), and
-# Myriad runs the same f32 checkpoint with weight-only int8 (bench_decode --quantize=1, the CLI's
+# Myriad runs the same f32 checkpoint with weight-only int8 (bench_decode --quantize=8, the CLI's
 # --quantize int8: int8 codes, one f32 scale per 32 weights; embedding, router and MLA's kv_b stay
-# f32). Rows: prefill of the short prompt, batch-1 decode and 16 sequences at the short context.
-# llama.cpp runs them without its CPU weight repacking (--no-repack): with it, this llama.cpp
-# aborts on the q8_0 GGUFs of all three forms (GGML_ASSERT(*cur_backend_id != -1)).
+# f32). q4_0: the f32 GGUF rewritten by libllama's llama_model_quantize (tools/peers/
+# llama_quantize.cpp; every weight q4_0, 4-bit codes with one f16 scale per 32), against Myriad's
+# --quantize int4 (the same q4_0 rule, f32 scales). Rows: prefill of the short prompt, batch-1
+# decode and 16 sequences at the short context. llama.cpp runs them without its CPU weight
+# repacking (--no-repack): with it, this llama.cpp aborts on the q8_0 GGUFs of all three forms
+# (GGML_ASSERT(*cur_backend_id != -1)).
 # Its top-1 check against Myriad's f32 logits is printed, not enforced: on random weights a
 # quantization error of either engine moves many top-1 tokens (docs/PERFORMANCE.md, int8).
 #
@@ -40,7 +43,7 @@ THREADS="${THREADS:-2}"
 REPS="${REPS:-2}"
 OUT="${OUT:-$ROOT/build/peers/bench}"
 MODELS=("$@")
-FORMATS="${FORMATS:-f32 q8_0}"
+FORMATS="${FORMATS:-f32 q8_0 q4_0}"
 (( ${#MODELS[@]} )) || MODELS=(k3 kimi-linear deepseek-v3)
 if [[ "${QUICK:-0}" == 1 ]]; then
   P_SHORT=128 P_LONG=512 D_SHORT=256 D_LONG=1024 NEW=16
@@ -130,30 +133,36 @@ for m in "${MODELS[@]}"; do
   }
   log "$m: $agree"
   echo "$m	$agree" >> "$CHECKS"
-  # q8_0: the same checkpoint converted to q8_0; its top-1 against Myriad's f32 logits, printed.
-  q8="$OUT/$m.q8_0.gguf"
-  m_q8=0
-  if [[ " $FORMATS " == *" q8_0 "* ]]; then
-    if [[ ! -f "$q8" ]]; then
-      log "$m: converting to GGUF (q8_0) with llama.cpp's convert_hf_to_gguf.py"
-      PYTHONPATH="$LLAMA_CPP_DIR/gguf-py" "$PY" "$ROOT/tools/peers/convert_no_vocab.py" \
-        "$LLAMA_CPP_DIR" "$dir" "$q8" q8_0 > "$OUT/$m.convert_q8.log" 2>&1 ||
-        { tail -20 "$OUT/$m.convert_q8.log"; exit 1; }
+  # q8_0 / q4_0: the same checkpoint in llama.cpp's format (q8_0 by its converter, q4_0 by
+  # llama_model_quantize from the f32 GGUF); top-1 against Myriad's f32 logits, printed.
+  quant=()  # the formats llama.cpp runs on this model
+  for f in q8_0 q4_0; do
+    [[ " $FORMATS " == *" $f "* ]] || continue
+    qg="$OUT/$m.$f.gguf"
+    if [[ ! -f "$qg" ]]; then
+      log "$m: writing the $f GGUF"
+      if [[ $f == q8_0 ]]; then
+        PYTHONPATH="$LLAMA_CPP_DIR/gguf-py" "$PY" "$ROOT/tools/peers/convert_no_vocab.py" \
+          "$LLAMA_CPP_DIR" "$dir" "$qg" q8_0 > "$OUT/$m.convert_$f.log" 2>&1 ||
+          { tail -20 "$OUT/$m.convert_$f.log"; exit 1; }
+      else
+        "$LLAMA_QUANTIZE" "$gguf" "$qg" --threads "$THREADS" > "$OUT/$m.convert_$f.log" 2>&1 ||
+          { tail -20 "$OUT/$m.convert_$f.log"; exit 1; }
+      fi
     fi
-    if "$LLAMA_LOGITS" "$q8" "$OUT/$m.ids.txt" "$OUT/$m.llama_q8.safetensors" \
-      --threads "$THREADS" --no-repack > "$OUT/$m.llama_q8.log" 2>&1; then
-      q8agree="$("$PY" "$ROOT/tools/peers/top1_agreement.py" "$OUT/$m.myriad.safetensors" \
-        "$OUT/$m.llama_q8.safetensors" --min-agree 0 || true)"
-      log "$m q8_0 vs Myriad f32 (not enforced): $q8agree"
-      echo "$m q8_0 (llama.cpp) vs f32 (Myriad), informational	$q8agree" >> "$CHECKS"
-      m_q8=1
+    if "$LLAMA_LOGITS" "$qg" "$OUT/$m.ids.txt" "$OUT/$m.llama_$f.safetensors" \
+      --threads "$THREADS" --no-repack > "$OUT/$m.llama_$f.log" 2>&1; then
+      qagree="$("$PY" "$ROOT/tools/peers/top1_agreement.py" "$OUT/$m.myriad.safetensors" \
+        "$OUT/$m.llama_$f.safetensors" --min-agree 0 || true)"
+      log "$m $f vs Myriad f32 (not enforced): $qagree"
+      echo "$m $f (llama.cpp) vs f32 (Myriad), informational	$qagree" >> "$CHECKS"
+      quant+=("$f")
     else
-      why="$(grep -m1 -E 'GGML_ASSERT|error' "$OUT/$m.llama_q8.log" || tail -1 "$OUT/$m.llama_q8.log")"
-      log "$m: llama.cpp fails on its own q8_0 conversion ($why); no q8_0 rows"
-      echo "$m q8_0: llama.cpp fails on its own q8_0 conversion: $why" >> "$CHECKS"
-      m_q8=0
+      why="$(grep -m1 -E 'GGML_ASSERT|error' "$OUT/$m.llama_$f.log" || tail -1 "$OUT/$m.llama_$f.log")"
+      log "$m: llama.cpp fails on its own $f weights ($why); no $f rows"
+      echo "$m $f: llama.cpp fails on its own $f weights: $why" >> "$CHECKS"
     fi
-  fi
+  done
   # 5. Timings, alternating which engine goes first.
   for ((rep = 0; rep < REPS; ++rep)); do
     log "$m: round $((rep + 1))/$REPS"
@@ -167,10 +176,11 @@ for m in "${MODELS[@]}"; do
           run_myriad "$m/f32" "$dir" "$P_LONG" 8 0
           run_myriad "$m/f32" "$dir" "$D_LONG" "$((NEW / 2))" 0
         fi
-        if (( m_q8 )); then
-          run_myriad "$m/q8_0" "$dir" "$P_SHORT" 8 0 1
-          run_myriad "$m/q8_0" "$dir" "$D_SHORT" "$NEW" 1 1
-        fi
+        for f in "${quant[@]}"; do
+          bits=8; [[ $f == q4_0 ]] && bits=4
+          run_myriad "$m/$f" "$dir" "$P_SHORT" 8 0 "$bits"
+          run_myriad "$m/$f" "$dir" "$D_SHORT" "$NEW" 1 "$bits"
+        done
       else
         if [[ " $FORMATS " == *" f32 "* ]]; then
           run_llama "$m/f32" "$gguf" "$P_SHORT" 8 1
@@ -179,11 +189,11 @@ for m in "${MODELS[@]}"; do
           run_llama "$m/f32" "$gguf" "$P_LONG" 8 1
           run_llama "$m/f32" "$gguf" "$D_LONG" "$((NEW / 2))" 1
         fi
-        if (( m_q8 )); then
-          run_llama "$m/q8_0" "$q8" "$P_SHORT" 8 1 --no-repack
-          run_llama "$m/q8_0" "$q8" "$D_SHORT" "$NEW" 1 --no-repack
-          run_llama "$m/q8_0" "$q8" "$D_SHORT" "$NEW" 16 --no-repack
-        fi
+        for f in "${quant[@]}"; do
+          run_llama "$m/$f" "$OUT/$m.$f.gguf" "$P_SHORT" 8 1 --no-repack
+          run_llama "$m/$f" "$OUT/$m.$f.gguf" "$D_SHORT" "$NEW" 1 --no-repack
+          run_llama "$m/$f" "$OUT/$m.$f.gguf" "$D_SHORT" "$NEW" 16 --no-repack
+        done
       fi
     done
   done
@@ -203,7 +213,7 @@ for m in "${MODELS[@]}"; do for f in $FORMATS; do labels+=("$m/$f"); done; done
       a = best["myriad", m SUBSEP metric SUBSEP ctx]; b = best["llama.cpp", m SUBSEP metric SUBSEP ctx]
       if (a == "" || b == "") return
       split(m, mf, "/")
-      printf "| %s | %s | %s | %.1f | %.1f | %.2f |\n", mf[1], mf[2] == "q8_0" ? "q8_0 / int8" : mf[2], label, a, b, a / b
+      printf "| %s | %s | %s | %.1f | %.1f | %.2f |\n", mf[1], mf[2] == "q8_0" ? "q8_0 / int8" : mf[2] == "q4_0" ? "q4_0 / int4" : mf[2], label, a, b, a / b
     }
     END {
       n = split(order, ms, " ")

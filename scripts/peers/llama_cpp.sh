@@ -60,9 +60,9 @@ LIBDIR="$BUILD/bin"
 [[ -f "$LIBDIR/libllama.so" ]] || LIBDIR="$(dirname "$(find "$BUILD" -name 'libllama.so*' | head -1)")"
 
 # 3. Our tools (tools/peers/*.cpp), rebuilt when the source is newer: llama_logits (logits on
-#    token ids, for the K3 cross-check) and llama_speed (prefill/decode timing, for
-#    scripts/bench_vs_llamacpp.sh).
-for tool in llama_logits llama_speed; do
+#    token ids, for the K3 cross-check), llama_speed (prefill/decode timing) and llama_quantize
+#    (a GGUF to q4_0 by libllama's llama_model_quantize), for scripts/bench_vs_llamacpp.sh.
+for tool in llama_logits llama_speed llama_quantize; do
   TOOL_SRC="$ROOT/tools/peers/$tool.cpp"
   if [[ ! -x "$BIN/$tool" || "$TOOL_SRC" -nt "$BIN/$tool" || "$LIBDIR/libllama.so" -nt "$BIN/$tool" ]]; then
     log "compiling $tool"
@@ -109,6 +109,7 @@ LLAMA_CPP_CONVERT=$LLAMA/convert_hf_to_gguf.py
 LLAMA_CPP_LIBDIR=$LIBDIR
 LLAMA_LOGITS=$BIN/llama_logits
 LLAMA_SPEED=$BIN/llama_speed
+LLAMA_QUANTIZE=$BIN/llama_quantize
 LLAMA_CPP_PYTHON=$VENV/bin/python
 K3_TEMPLATE=$LLAMA/models/templates/Kimi-K3.jinja
 EOF

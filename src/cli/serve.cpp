@@ -66,9 +66,9 @@ void add_infer_commands(CLI::App& app, InferArgs& a) {
     c->add_option("--dtype", a.dtype, "weights dtype: f32 or bf16")
         ->check(CLI::IsMember({"f32", "bf16"}));
     c->add_option("--quantize", a.quantize,
-                  "weight-only quantization of the projections and LM head for decoding: none or "
-                  "int8 (int8 codes, one f32 scale per 32 weights)")
-        ->check(CLI::IsMember({"none", "int8"}));
+                  "weight-only quantization of the projections and LM head for decoding: none, "
+                  "int8 or int4 (8- or 4-bit codes, one f32 scale per 32 weights)")
+        ->check(CLI::IsMember({"none", "int8", "int4"}));
     c->add_option("--max-batch", a.max_batch, "sequences decoded together")
         ->check(CLI::Range(1, 4096));
     c->add_option("--cache-budget", a.cache_budget,
@@ -174,10 +174,11 @@ Loaded load(const InferArgs& a) {
       throw std::invalid_argument(cat(a.model_dir, "/generation_config.json: eos_token_id ", id,
                                       " is outside the tokenizer's vocabulary of ",
                                       l.tok.vocab_size()));
-  if (a.quantize == "int8") {
-    const int64_t n = l.model.quantize_int8();
-    std::fprintf(stderr, "int8: %lld weights quantized (%.1f MB of codes and scales)\n",
-                 static_cast<long long>(n), l.model.weights().int8_bytes() / 1e6);
+  if (a.quantize != "none") {
+    const int64_t n = l.model.quantize(a.quantize == "int4" ? 4 : 8);
+    std::fprintf(stderr, "%s: %lld weights quantized (%.1f MB of codes and scales)\n",
+                 a.quantize.c_str(), static_cast<long long>(n),
+                 l.model.weights().quant_bytes() / 1e6);
   }
   if (l.tok.vocab_size() > l.model.config().vocab_size)
     throw std::invalid_argument("tokenizer vocabulary (" + std::to_string(l.tok.vocab_size()) +

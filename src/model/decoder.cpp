@@ -104,14 +104,14 @@ Decoder Decoder::load(const std::string& dir, DType dtype) {
   return Decoder(c, Weights::load(dir, param_specs(c), dtype));
 }
 
-int64_t Decoder::quantize_int8() {
+int64_t Decoder::quantize(int bits) {
   const auto ends = [](const std::string& s, std::string_view e) {
     return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
   };
   std::vector<std::string> names;
   for (const ParamSpec& s : weights_->specs()) {
     const std::string& n = s.name;
-    if (s.shape.size() != 2 || s.shape[1] % ops::kInt8Group != 0) continue;
+    if (s.shape.size() != 2 || s.shape[1] % ops::kQuantGroup != 0) continue;
     // Kimi's routed experts are w1 / w3 / w2 (gate, up, down), DeepSeek's *_proj.
     const bool kimi_expert =
         n.find(".experts.") != std::string::npos &&
@@ -122,7 +122,7 @@ int64_t Decoder::quantize_int8() {
       continue;
     names.push_back(n);
   }
-  weights_->quantize_int8(names);
+  weights_->quantize(names, bits);
   return static_cast<int64_t>(names.size());
 }
 

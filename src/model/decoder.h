@@ -61,11 +61,11 @@ class Decoder {
   Weights& weights() { return *weights_; }
   const Weights& weights() const { return *weights_; }
   DecodeCache new_cache() const { return DecodeCache(config_.num_hidden_layers); }
-  // Weight-only int8 for inference (ops/int8.h): int8 copies of every projection whose input
-  // dimension is a multiple of 32 and of the LM head. Not the embedding (a row lookup), the
-  // router, AttnRes' vectors, or MLA's kv_b_proj (decode absorbs it into the queries). Returns
-  // how many weights were quantized.
-  int64_t quantize_int8();
+  // Weight-only int8 or int4 for inference (ops/quant.h, bits 8 or 4): quantized copies of every
+  // projection whose input dimension is a multiple of 32 and of the LM head. Not the embedding (a
+  // row lookup), the router, AttnRes' vectors, or MLA's kv_b_proj (decode absorbs it into the
+  // queries). Returns how many weights were quantized.
+  int64_t quantize(int bits = 8);
 
   // ids [B, T] (i32/i64). With a cache, continues from it and extends it.
   ForwardOutput forward(const Tensor& ids_BT, DecodeCache* cache = nullptr,

@@ -194,8 +194,8 @@ Weights Weights::to(DType dtype) const {
 }
 
 Weights Weights::to(Device device) const {
-  MYRIAD_CHECK(int8_.empty(), "weights: to(", device.str(),
-               ") of int8-quantized weights is not supported (quantize after the move)");
+  MYRIAD_CHECK(quant_.empty(), "weights: to(", device.str(),
+               ") of quantized weights is not supported (quantize after the move)");
   Weights w;
   w.specs_ = specs_;
   w.skipped_ = skipped_;
@@ -217,31 +217,31 @@ void Weights::save(const std::string& path) const {
   safetensors::save(path, m);
 }
 
-void Weights::quantize_int8(const std::vector<std::string>& names) {
-  for (const std::string& n : names) int8_.insert_or_assign(n, ops::quantize_int8(get(n)));
+void Weights::quantize(const std::vector<std::string>& names, int bits) {
+  for (const std::string& n : names) quant_.insert_or_assign(n, ops::quantize(get(n), bits));
 }
 
-const ops::Int8Weight* Weights::int8(const std::string& name) const {
-  const auto it = int8_.find(name);
-  return it == int8_.end() ? nullptr : &it->second;
+const ops::QuantWeight* Weights::quant(const std::string& name) const {
+  const auto it = quant_.find(name);
+  return it == quant_.end() ? nullptr : &it->second;
 }
 
-int64_t Weights::int8_bytes() const {
+int64_t Weights::quant_bytes() const {
   int64_t b = 0;
-  for (const auto& [n, q] : int8_) b += q.bytes();
+  for (const auto& [n, q] : quant_) b += q.bytes();
   return b;
 }
 
 Tensor project(const Tensor& x, const Weights& w, const std::string& name) {
-  if (const ops::Int8Weight* q = w.int8(name)) return ops::linear_int8(x, *q);
+  if (const ops::QuantWeight* q = w.quant(name)) return ops::linear_quant(x, *q);
   return ops::linear(x, w.get(name));
 }
 
 Tensor project_cat(const Tensor& x, const Weights& w, const std::vector<std::string>& names) {
-  std::vector<const ops::Int8Weight*> q;
+  std::vector<const ops::QuantWeight*> q;
   for (const std::string& n : names)
-    if (const ops::Int8Weight* p = w.int8(n)) q.push_back(p);
-  if (!q.empty() && q.size() == names.size()) return ops::linear_int8_cat(x, q);
+    if (const ops::QuantWeight* p = w.quant(n)) q.push_back(p);
+  if (!q.empty() && q.size() == names.size()) return ops::linear_quant_cat(x, q);
   std::vector<Tensor> parts;
   if (q.empty()) {
     for (const std::string& n : names) parts.push_back(w.get(n));
@@ -253,10 +253,10 @@ Tensor project_cat(const Tensor& x, const Weights& w, const std::vector<std::str
 
 Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
                        const std::vector<std::string>& names) {
-  std::vector<const ops::Int8Weight*> q;
+  std::vector<const ops::QuantWeight*> q;
   for (const std::string& n : names)
-    if (const ops::Int8Weight* p = w.int8(n)) q.push_back(p);
-  if (!q.empty() && q.size() == names.size()) return ops::grouped_linear_int8(x, offsets, q);
+    if (const ops::QuantWeight* p = w.quant(n)) q.push_back(p);
+  if (!q.empty() && q.size() == names.size()) return ops::grouped_linear_quant(x, offsets, q);
   std::vector<Tensor> t;
   for (const std::string& n : names) t.push_back(w.get(n));
   return ops::grouped_linear(x, offsets, t);

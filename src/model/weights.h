@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "ops/int8.h"
+#include "ops/quant.h"
 
 namespace myriad::model {
 
@@ -69,32 +69,32 @@ class Weights {
   // A copy (new storage) of every tensor in another dtype.
   Weights to(DType dtype) const;
   // Every tensor on `device` (cuda(0), say): copies, except tensors already there, which are
-  // shared. Refused once quantize_int8() made int8 copies (they stay on the CPU).
+  // shared. Refused once quantize() made quantized copies (they stay on the CPU).
   Weights to(Device device) const;
   // Writes the store in checkpoint layout to `path` (a .safetensors file).
   void save(const std::string& path) const;
 
-  // Inference with weight-only int8 (ops/int8.h): an int8 copy of each named [out, in] weight,
-  // which project() then uses. The f32/bf16 tensors stay: training, export and the ops that read
-  // a weight directly (MLA's absorbed decode) use them.
-  void quantize_int8(const std::vector<std::string>& names);
-  const ops::Int8Weight* int8(const std::string& name) const;  // nullptr: none
-  int64_t int8_bytes() const;                                  // codes + scales of all copies
+  // Inference with weight-only int8 or int4 (ops/quant.h, bits 8 or 4): a quantized copy of each
+  // named [out, in] weight, which project() then uses. The f32/bf16 tensors stay: training, export
+  // and the ops that read a weight directly (MLA's absorbed decode) use them.
+  void quantize(const std::vector<std::string>& names, int bits);
+  const ops::QuantWeight* quant(const std::string& name) const;  // nullptr: none
+  int64_t quant_bytes() const;                                   // codes + scales of all copies
 
  private:
   std::map<std::string, Tensor> tensors_;
   std::vector<ParamSpec> specs_;
   std::vector<std::string> skipped_;
-  std::map<std::string, ops::Int8Weight> int8_;
+  std::map<std::string, ops::QuantWeight> quant_;
 };
 
-// x [..., in] . W^T for the [out, in] weight `name` (nn.Linear without bias), through its int8
-// copy when quantize_int8() made one.
+// x [..., in] . W^T for the [out, in] weight `name` (nn.Linear without bias), through its
+// quantized copy when quantize() made one.
 Tensor project(const Tensor& x, const Weights& w, const std::string& name);
 // Several projections of one x side by side ([..., sum of outs], names[0]'s columns first), in
-// one product where they are all int8 or none is (ops::linear_cat, ops::linear_int8_cat).
+// one product where they are all quantized or none is (ops::linear_cat, ops::linear_quant_cat).
 Tensor project_cat(const Tensor& x, const Weights& w, const std::vector<std::string>& names);
-// grouped_linear over the named weights (a MoE's experts), int8 when every one has a copy.
+// grouped_linear over the named weights (a MoE's experts), quantized when every one has a copy.
 Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
                        const std::vector<std::string>& names);
 

@@ -42,8 +42,10 @@ struct GemmArgs {
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
   float alpha = 1.0f, beta = 0.0f;
   DType dtype = DType::F32;
-  // int8 B (ops/int8.h, int8_gemm_kernels only): one f32 scale per 32 elements of a row of B.
+  // Quantized B (ops/quant.h, quant_gemm_kernels only): one f32 scale per 32 elements of a row of
+  // B, codes of b_bits bits (8 or 4).
   const float* b_scale = nullptr;
+  int b_bits = 8;
   Device device;
 };
 using GemmKernel = void (*)(const GemmArgs& args);

@@ -124,11 +124,13 @@ TEST(K3, DecodeEqualsFullForward) {
   EXPECT_LE(decode_vs_full(m, token_ids(2, 11, c.vocab_size, 7), 4), 1e-4);
 }
 
-// Weight-only int8 inference (ops/int8.h) on a K3 model whose projections have input dimensions
-// of 32 or 64: the int8 copies cost a quarter of the f32 bytes plus scales; decode through the
-// cache (streamed codes) equals the int8 full forward (dequantized GEMMs); the int8 logits track
-// the f32 ones; and training through int8 weights is refused.
-TEST(K3, Int8WeightsDecodeAndTrackF32) {
+// Weight-only int8 / int4 inference (ops/quant.h) on a K3 model whose projections have input
+// dimensions of 32 or 64: the copies cost a quarter (an eighth) of the f32 bytes plus scales;
+// decode through the cache (streamed codes) equals the quantized full forward (dequantized GEMMs);
+// the logits are the f32 model's on the dequantized weights and track the f32 ones (within
+// max_rel of the mean |logit|, top-1 on min_agree of the positions); training through quantized
+// weights is refused.
+void check_quantized_k3(int bits, double max_rel, double min_agree) {
   ModelConfig c = k3_three_layer_config();
   c.vocab_size = 256, c.hidden_size = 64, c.intermediate_size = 64, c.moe_intermediate_size = 32;
   c.q_lora_rank = 32, c.kv_lora_rank = 32, c.qk_nope_head_dim = 16, c.qk_rope_head_dim = 16;
@@ -141,23 +143,24 @@ TEST(K3, Int8WeightsDecodeAndTrackF32) {
     NoGradGuard ng;
     f32_logits = m.forward(ids).logits_BTV;
   }
-  const int64_t n = m.quantize_int8();
+  const int64_t n = m.quantize(bits);
   int64_t f32_bytes = 0;
   for (const auto& [name, t] : m.weights().tensors())
-    if (m.weights().int8(name)) f32_bytes += t.numel() * 4;
-  std::printf("int8: %lld weights, %lld bytes against %lld f32\n", static_cast<long long>(n),
-              static_cast<long long>(m.weights().int8_bytes()), static_cast<long long>(f32_bytes));
+    if (m.weights().quant(name)) f32_bytes += t.numel() * 4;
+  std::printf("int%d: %lld weights, %lld bytes against %lld f32\n", bits, static_cast<long long>(n),
+              static_cast<long long>(m.weights().quant_bytes()), static_cast<long long>(f32_bytes));
   EXPECT_GE(n, 20);
-  EXPECT_FALSE(m.weights().int8("model.layers.2.self_attn.kv_b_proj.weight"));
-  EXPECT_TRUE(m.weights().int8("lm_head.weight"));
-  int64_t experts = 0;  // Kimi's routed experts (w1 / w3 / w2) stream as int8 too
+  EXPECT_FALSE(m.weights().quant("model.layers.2.self_attn.kv_b_proj.weight"));
+  EXPECT_TRUE(m.weights().quant("lm_head.weight"));
+  int64_t experts = 0;  // Kimi's routed experts (w1 / w3 / w2) are quantized too
   for (const auto& [name, t] : m.weights().tensors())
     if (name.find(".experts.") != std::string::npos) {
-      EXPECT_TRUE(m.weights().int8(name)) << name;
+      EXPECT_TRUE(m.weights().quant(name)) << name;
       ++experts;
     }
   EXPECT_GT(experts, 0);
-  EXPECT_NEAR(static_cast<double>(m.weights().int8_bytes()) / f32_bytes, 0.25 + 1.0 / 32, 1e-9);
+  EXPECT_NEAR(static_cast<double>(m.weights().quant_bytes()) / f32_bytes, bits / 32.0 + 1.0 / 32,
+              1e-9);
   // (Logits up to ~10 on this model, which amplifies rounding: 1.1e-4 in the sanitizer build, whose
   // kernels run without fused multiply-adds.)
   EXPECT_LE(decode_vs_full(m, ids, 20), 1e-3);
@@ -172,23 +175,30 @@ TEST(K3, Int8WeightsDecodeAndTrackF32) {
                              b = ops::max(f32_logits, -1).indices.to_ints();
   int64_t agree = 0;
   for (size_t i = 0; i < a.size(); ++i) agree += a[i] == b[i];
-  std::printf("int8 vs f32 logits: mean |d| %.3g of mean |logit| %.3g; top-1 %lld / %zu\n",
+  std::printf("int%d vs f32 logits: mean |d| %.3g of mean |logit| %.3g; top-1 %lld / %zu\n", bits,
               err / lf.size(), scale / lf.size(), static_cast<long long>(agree), a.size());
   EXPECT_GT(err, 0.0);
   {  // all the difference is quantization's: the f32 model on the dequantized values is the same
     Decoder d = random_model(c, DType::F32, 11);
     for (const auto& [name, t] : m.weights().tensors())
-      if (const ops::Int8Weight* q = m.weights().int8(name))
-        d.weights().set(name, ops::dequantize_int8(*q));
+      if (const ops::QuantWeight* q = m.weights().quant(name))
+        d.weights().set(name, ops::dequantize(*q));
     EXPECT_LE(max_abs_diff(d.forward(ids).logits_BTV, full), 1e-5);
   }
-  EXPECT_LT(err / scale, 0.1);  // 5.8% on this model (weights N(0, 0.3), O(1) activations)
-  EXPECT_GE(agree * 100, static_cast<int64_t>(a.size()) * 85);  // 72 / 80 here
-  // Training needs gradients: the int8 product refuses an input that requires one.
+  EXPECT_LT(err / scale, max_rel);
+  EXPECT_GE(static_cast<double>(agree), min_agree * static_cast<double>(a.size()));
+  // Training needs gradients: the quantized product refuses an input that requires one.
   set_grad_enabled(true);
   const Tensor x = Tensor::zeros({1, 64}).requires_grad_();
   EXPECT_THROW(project(x, m.weights(), "lm_head.weight"), Error);
   set_grad_enabled(false);
+}
+
+TEST(K3, Int8WeightsDecodeAndTrackF32) {
+  check_quantized_k3(8, 0.1, 0.85);  // 5.8% and 72 / 80 on this model (N(0, 0.3) weights)
+}
+TEST(K3, Int4WeightsDecodeAndTrackF32) {
+  check_quantized_k3(4, 0.8, 0.25);  // 56% and 30 / 80: random weights are int4's worst case
 }
 
 TEST(K3, SituFfnMatchesFormula) {

@@ -1,6 +1,6 @@
 #include "ops/adamw.h"
 #include "ops/gelu.h"
-#include "ops/int8.h"
+#include "ops/quant.h"
 #include "tests/ops/op_test.h"
 
 namespace myriad::testing {
@@ -73,7 +73,7 @@ TEST(Dispatch, EveryOpHasReferenceAndCpuKernels) {
     EXPECT_TRUE(t.has(ops::Backend::Reference)) << t.op();
     EXPECT_TRUE(t.has(ops::Backend::CPU)) << t.op();
   });
-  EXPECT_TRUE(ops::int8_gemm_kernels().has(ops::Backend::CPU));
+  EXPECT_TRUE(ops::quant_gemm_kernels().has(ops::Backend::CPU));
   EXPECT_TRUE(ops::grouped_gemm_kernels().has(ops::Backend::CPU));
 }
 

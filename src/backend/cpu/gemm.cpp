@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "backend/cpu/cpu.h"
-#include "ops/int8.h"
 #include "ops/matmul.h"
+#include "ops/quant.h"
 
 namespace myriad::cpu {
 namespace {
@@ -200,13 +200,31 @@ inline void load_lanes(typename Lanes<W>::F& v, const uint16_t* p) {
   const U u = __builtin_convertvector(h, U) << 16;
   std::memcpy(&v, &u, sizeof v);
 }
-// int8 codes (ops/int8.h), converted exactly; the caller multiplies by the group's scale. Only
+// int8 codes (ops/quant.h), converted exactly; the caller multiplies by the group's scale. Only
 // the generic int8 path loads them so (sanitizer builds, CPUs without AVX2, a forced width the CPU
 // lacks); the cloned builds run the intrinsic loops below.
 template <int W>
 inline void load_lanes(typename Lanes<W>::F& v, const int8_t* p) {
   for (int l = 0; l < W; ++l) v[l] = static_cast<float>(p[l]);
 }
+// int4 codes (ops/quant.h): a group of 32 elements is 16 bytes, elements 0-15 in the low nibbles
+// and 16-31 in the high ones, so the 16 elements a step reads (i a multiple of 16) are one
+// nibble of the 16 bytes at (i / 32)·16. A row pointer counts bytes.
+struct Int4 {
+  uint8_t byte;
+};
+inline const uint8_t* nibble_bytes(const Int4* row, int64_t i) {
+  return &row[i / ops::kQuantGroup * (ops::kQuantGroup / 2)].byte;
+}
+template <int W>
+inline void load_nibbles(typename Lanes<W>::F* v, const Int4* row, int64_t i) {
+  const uint8_t* p = nibble_bytes(row, i);
+  const int shift = i % ops::kQuantGroup == 0 ? 0 : 4;
+  for (int q = 0; q < kLanes / W; ++q)
+    for (int l = 0; l < W; ++l) v[q][l] = static_cast<float>(((p[q * W + l] >> shift) & 15) - 8);
+}
+template <class T>
+constexpr bool kCodes = std::is_same_v<T, int8_t> || std::is_same_v<T, Int4>;
 // kLanes elements from p as kLanes / W vectors; the last n < kLanes elements zero-padded.
 template <int W, class T>
 inline void load16(typename Lanes<W>::F* v, const T* p) {
@@ -226,7 +244,7 @@ inline void load_tail(typename Lanes<W>::F* v, const T* p, int64_t n) {
 // fused multiply-adds), then the 16 lanes are added in a fixed order. The tile and the width
 // change which loads are shared, never a sum. int8 rows of B (k a multiple of 32) are widened
 // and multiplied by their group's scale sc[jj][i / 32] in registers: the f32 values
-// dequantize_int8 gives, so the same sums as the f32 kernel on the dequantized weight.
+// dequantize gives, so the same sums as the f32 kernel on the dequantized weight.
 template <class T, int J, int R, int W>
 MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, const float* const* sc,
                             int64_t k, float* out) {
@@ -241,15 +259,22 @@ MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, const floa
     // The tile's rows of B, and each row's prefetch 512 elements ahead (2 KiB of f32): the
     // hardware prefetcher alone left a core's single-row stream at 15-19 GB/s from a 128 MiB
     // weight (18-21 with this), and decode 5-7% slower.
+    if constexpr (std::is_same_v<T, Int4>) {
 #pragma GCC unroll 4
-    for (int jj = 0; jj < J; ++jj) load16<W>(wv[jj], w[jj] + i);
+      for (int jj = 0; jj < J; ++jj) load_nibbles<W>(wv[jj], w[jj], i);
 #pragma GCC unroll 4
-    for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + 512, 0, 3);
-    if constexpr (std::is_same_v<T, int8_t>) {
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + 256, 0, 3);
+    } else {
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) load16<W>(wv[jj], w[jj] + i);
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + 512, 0, 3);
+    }
+    if constexpr (kCodes<T>) {
 #pragma GCC unroll 4
       for (int jj = 0; jj < J; ++jj)
 #pragma GCC unroll 2
-        for (int q = 0; q < N; ++q) wv[jj][q] *= sc[jj][i / ops::kInt8Group];
+        for (int q = 0; q < N; ++q) wv[jj][q] *= sc[jj][i / ops::kQuantGroup];
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -260,12 +285,14 @@ MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, const floa
         for (int q = 0; q < N; ++q) acc[jj][r][q] += xv[q] * wv[jj][q];
     }
   }
-  if (i < k) {
-    for (int jj = 0; jj < J; ++jj) load_tail<W>(wv[jj], w[jj] + i, k - i);
-    for (int r = 0; r < R; ++r) {
-      load_tail<W>(xv, x[r] + i, k - i);
-      for (int jj = 0; jj < J; ++jj)
-        for (int q = 0; q < N; ++q) acc[jj][r][q] += xv[q] * wv[jj][q];
+  if constexpr (!kCodes<T>) {  // (codes have none: k is a multiple of 32)
+    if (i < k) {
+      for (int jj = 0; jj < J; ++jj) load_tail<W>(wv[jj], w[jj] + i, k - i);
+      for (int r = 0; r < R; ++r) {
+        load_tail<W>(xv, x[r] + i, k - i);
+        for (int jj = 0; jj < J; ++jj)
+          for (int q = 0; q < N; ++q) acc[jj][r][q] += xv[q] * wv[jj][q];
+      }
     }
   }
   // The 16 lanes in order (vector q's lanes are lanes q W .. q W + W - 1).
@@ -309,7 +336,7 @@ __attribute__((target("avx2,fma"))) void dots_codes_avx2(const float* const* x,
       for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + 512, 0, 3);
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) {
-      const __m256 s = _mm256_set1_ps(sc[jj][i / ops::kInt8Group]);
+      const __m256 s = _mm256_set1_ps(sc[jj][i / ops::kQuantGroup]);
 #pragma GCC unroll 2
       for (int q = 0; q < 2; ++q) {
         const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[jj] + i + 8 * q));
@@ -360,7 +387,7 @@ __attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
     for (int jj = 0; jj < J; ++jj) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[jj] + i));
       wv[jj] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)),
-                             _mm512_set1_ps(sc[jj][i / ops::kInt8Group]));
+                             _mm512_set1_ps(sc[jj][i / ops::kQuantGroup]));
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -380,18 +407,132 @@ __attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
     }
 }
 
+// dots<Int4, J, R, 16> a group (32 codes, 16 bytes) per step: one load and widening per row of B
+// gives both halves of the group, whose weights are looked up in the group's table of the 16
+// values float(q - 8)·scale (vpermps reads the low 4 bits of each lane: the low nibble as it is,
+// the high one after a shift). The values dequantize gives; the two halves' multiply-adds run in
+// the generic kernel's order (elements 0-15, then 16-31), so the same bits.
+template <int J, int R>
+__attribute__((target("avx512f"))) void dots_nibbles_avx512(const float* const* x,
+                                                            const Int4* const* w,
+                                                            const float* const* sc, int64_t k,
+                                                            float* out) {
+  constexpr int64_t G = ops::kQuantGroup;
+  __m512 acc[J][R];
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+  const __m512 codes = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t i = 0; i + G <= k; i += G) {
+    __m512 lo[J], hi[J];
+    if (i % 128 == 0)  // a cache line of codes, 256 bytes (512 codes) ahead
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + 256, 0, 3);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibble_bytes(w[jj], i)));
+      const __m512i c = _mm512_cvtepu8_epi32(b);
+      const __m512 table = _mm512_mul_ps(codes, _mm512_set1_ps(sc[jj][i / G]));
+      lo[jj] = _mm512_permutexvar_ps(c, table);
+      hi[jj] = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), table);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m512 x0 = _mm512_loadu_ps(x[r] + i), x1 = _mm512_loadu_ps(x[r] + i + 16);
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(x0, lo[jj], acc[jj][r]);
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(x1, hi[jj], acc[jj][r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      float lanes[kLanes], s = 0;
+      _mm512_storeu_ps(lanes, acc[jj][r]);
+      for (int l = 0; l < kLanes; ++l) s += lanes[l];
+      out[jj * kTile + r] = s;
+    }
+}
+
 #pragma GCC diagnostic pop
 
-template <size_t... I>
-constexpr auto codes_table_avx2(std::index_sequence<I...>) {
-  return std::array{
-      &dots_codes_avx2<static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1)>...};
+// dots<Int4, J, R, 8>: a group per step as above, in two 8-byte halves (elements 0-7 and 16-23
+// from bytes 0-7, 8-15 and 24-31 from bytes 8-15).
+template <int J, int R>
+__attribute__((target("avx2,fma"))) void dots_nibbles_avx2(const float* const* x,
+                                                           const Int4* const* w,
+                                                           const float* const* sc, int64_t k,
+                                                           float* out) {
+  constexpr int64_t G = ops::kQuantGroup;
+  __m256 acc[J][R][2];
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+  for (int64_t i = 0; i + G <= k; i += G) {
+    __m256 lo[J][2], hi[J][2];
+    if (i % 128 == 0)
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + 256, 0, 3);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj) {
+      const __m256 s = _mm256_set1_ps(sc[jj][i / G]);
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q) {
+        const __m128i b =
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(nibble_bytes(w[jj], i) + 8 * q));
+        const __m256i c = _mm256_cvtepu8_epi32(b);
+        lo[jj][q] =
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(c, low), eight)), s);
+        hi[jj][q] =
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(c, 4), eight)), s);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q) {
+        const __m256 xv = _mm256_loadu_ps(x[r] + i + 8 * q);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < J; ++jj)
+          acc[jj][r][q] = _mm256_fmadd_ps(xv, lo[jj][q], acc[jj][r][q]);
+      }
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q) {
+        const __m256 xv = _mm256_loadu_ps(x[r] + i + 16 + 8 * q);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < J; ++jj)
+          acc[jj][r][q] = _mm256_fmadd_ps(xv, hi[jj][q], acc[jj][r][q]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      float lanes[kLanes], s = 0;
+      _mm256_storeu_ps(lanes, acc[jj][r][0]);
+      _mm256_storeu_ps(lanes + 8, acc[jj][r][1]);
+      for (int l = 0; l < kLanes; ++l) s += lanes[l];
+      out[jj * kTile + r] = s;
+    }
 }
-template <size_t... I>
-constexpr auto codes_table_avx512(std::index_sequence<I...>) {
-  return std::array{
-      &dots_codes_avx512<static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1)>...};
-}
+
+// The intrinsic dots of one kind for every tile shape (J, R) = (I / 4 + 1, I % 4 + 1).
+#define MYRIAD_DOTS_TABLE(name, fn)                                                              \
+  template <size_t... I>                                                                         \
+  constexpr auto name(std::index_sequence<I...>) {                                               \
+    return std::array{&fn<static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1)>...}; \
+  }
+MYRIAD_DOTS_TABLE(codes_table_avx2, dots_codes_avx2)
+MYRIAD_DOTS_TABLE(codes_table_avx512, dots_codes_avx512)
+MYRIAD_DOTS_TABLE(nibbles_table_avx2, dots_nibbles_avx2)
+MYRIAD_DOTS_TABLE(nibbles_table_avx512, dots_nibbles_avx512)
+#undef MYRIAD_DOTS_TABLE
 #endif
 
 // The dots for T at the width wide_vectors() picks; int8 codes take the instructions above where
@@ -401,9 +542,20 @@ const auto& dots_for() {
   static constexpr auto wide = dots_table<T, 16>(std::make_index_sequence<kTile * kTile>{});
   static constexpr auto narrow = dots_table<T, 8>(std::make_index_sequence<kTile * kTile>{});
 #if defined(MYRIAD_INT8_INTRINSICS)
-  if constexpr (std::is_same_v<T, int8_t>) {
-    static constexpr auto v4 = codes_table_avx512(std::make_index_sequence<kTile * kTile>{});
-    static constexpr auto v3 = codes_table_avx2(std::make_index_sequence<kTile * kTile>{});
+  if constexpr (kCodes<T>) {
+    constexpr auto seq = std::make_index_sequence<kTile * kTile>{};
+    static constexpr auto v4 = [&] {
+      if constexpr (std::is_same_v<T, int8_t>)
+        return codes_table_avx512(seq);
+      else
+        return nibbles_table_avx512(seq);
+    }();
+    static constexpr auto v3 = [&] {
+      if constexpr (std::is_same_v<T, int8_t>)
+        return codes_table_avx2(seq);
+      else
+        return nibbles_table_avx2(seq);
+    }();
     static const bool has512 = __builtin_cpu_supports("avx512f");
     static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (wide_vectors()) return has512 ? v4 : wide;
@@ -453,7 +605,8 @@ void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, const floa
 // codes); C has A's type (f32 for int8 B).
 template <class T>
 void few_rows(const std::vector<GemmArgs>& gs) {
-  using C = std::conditional_t<std::is_same_v<T, int8_t>, float, T>;
+  using C = std::conditional_t<kCodes<T>, float, T>;
+  constexpr int64_t per_unit = std::is_same_v<T, Int4> ? 2 : 1;  // elements per T of B
   constexpr bool widen = std::is_same_v<T, uint16_t>;
   struct Job {
     const float* x;
@@ -466,7 +619,8 @@ void few_rows(const std::vector<GemmArgs>& gs) {
   for (size_t p = 0; p < gs.size(); ++p) {
     const GemmArgs& g = gs[p];
     Job& j = jobs[p];
-    j.block = std::max<int64_t>(4, (int64_t{64} << 10) / std::max<int64_t>(1, g.k * sizeof(T)));
+    j.block = std::max<int64_t>(
+        4, (int64_t{64} << 10) / std::max<int64_t>(1, g.k / per_unit * int64_t{sizeof(T)}));
     j.per_batch = (g.n + j.block - 1) / j.block;
     first[p + 1] = first[p] + g.batch * j.per_batch;
     if constexpr (!widen) {
@@ -503,9 +657,10 @@ void few_rows(const std::vector<GemmArgs>& gs) {
       const int64_t c1 = std::min(g.n, c0 + j.block);
       const T* b = static_cast<const T*>(g.b) + bi * g.stride_b;
       C* c = static_cast<C*>(g.c) + bi * g.stride_c;
-      const float* bs = g.b_scale ? g.b_scale + bi * g.stride_b / ops::kInt8Group : nullptr;
-      rows_of_bt(j.x + bi * j.stride_x, j.ldx, b, g.ldb, bs, g.ldb / ops::kInt8Group, c, g.ldc, g.m,
-                 g.k, c0, c1, g.alpha, g.beta);
+      const float* bs =
+          g.b_scale ? g.b_scale + bi * g.stride_b * per_unit / ops::kQuantGroup : nullptr;
+      rows_of_bt(j.x + bi * j.stride_x, j.ldx, b, g.ldb, bs, g.ldb * per_unit / ops::kQuantGroup, c,
+                 g.ldc, g.m, g.k, c0, c1, g.alpha, g.beta);
     }
   });
 }
@@ -656,20 +811,27 @@ void grouped_gemm_cpu(const std::vector<GemmArgs>& gs) {
   if (error) std::rethrow_exception(error);
 }
 
-// int8 B (ops/int8.h): the few-row kernel only, all products in one parallel region.
-void int8_gemm_cpu(const std::vector<GemmArgs>& gs) {
+// Quantized B (ops/quant.h): the few-row kernel only, all products in one parallel region.
+void quant_gemm_cpu(const std::vector<GemmArgs>& gs) {
+  if (gs.empty()) return;
+  const int bits = gs[0].b_bits;
   for (const GemmArgs& g : gs)
-    MYRIAD_CHECK(g.dtype == DType::F32 && g.b_scale && takes_few_rows(g) &&
-                     g.k % ops::kInt8Group == 0 && g.ldb == g.k,
-                 "int8_gemm: expected f32 A and C, int8 B [n, k] with scales and k a multiple of ",
-                 ops::kInt8Group, ", at most ", kMaxRows, " rows; got m ", g.m, " k ", g.k);
-  few_rows<int8_t>(gs);
+    MYRIAD_CHECK(
+        g.dtype == DType::F32 && g.b_scale && takes_few_rows(g) && g.k % ops::kQuantGroup == 0 &&
+            (bits == 8 || bits == 4) && g.b_bits == bits && g.ldb == g.k * bits / 8,
+        "quant_gemm: expected f32 A and C, B [n, k] of ", bits,
+        "-bit codes (one format) with scales and k a multiple of ", ops::kQuantGroup, ", at most ",
+        kMaxRows, " rows; got m ", g.m, " k ", g.k, " ldb ", g.ldb, " bits ", g.b_bits);
+  if (bits == 8)
+    few_rows<int8_t>(gs);
+  else
+    few_rows<Int4>(gs);
 }
 
 }  // namespace
 
 MYRIAD_REGISTER_KERNEL(ops::gemm_kernels, ops::Backend::CPU, &gemm_cpu);
-MYRIAD_REGISTER_KERNEL(ops::int8_gemm_kernels, ops::Backend::CPU, &int8_gemm_cpu);
+MYRIAD_REGISTER_KERNEL(ops::quant_gemm_kernels, ops::Backend::CPU, &quant_gemm_cpu);
 MYRIAD_REGISTER_KERNEL(ops::grouped_gemm_kernels, ops::Backend::CPU, &grouped_gemm_cpu);
 
 }  // namespace myriad::cpu

@@ -1,0 +1,240 @@
+// Weight-only int8 and int4: quantization, dequantization, the products and their dispatch
+// (ops/quant.h).
+#include "ops/quant.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/autograd.h"
+#include "ops/check.h"
+#include "ops/shape.h"
+
+namespace myriad::ops {
+
+KernelTable<QuantGemmKernel>& quant_gemm_kernels() {
+  static KernelTable<QuantGemmKernel> t("int8_gemm");
+  return t;
+}
+
+int64_t QuantWeight::bytes() const {
+  return q.numel() + scale.numel() * static_cast<int64_t>(sizeof(float));
+}
+
+QuantWeight quantize(const Tensor& w, int bits) {
+  check_inputs("quantize", {&w});
+  MYRIAD_CHECK(bits == 8 || bits == 4, "quantize: bits must be 8 or 4, got ", bits);
+  MYRIAD_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::BF16,
+               "quantize: expected an f32 or bf16 weight, got ", w.desc());
+  check_dim("quantize", w, 2);
+  MYRIAD_CHECK(w.device().is_cpu(), "quantize: the weight must be on the cpu, got ", w.desc());
+  const int64_t out = w.size(0), in = w.size(1), groups = in / kQuantGroup;
+  MYRIAD_CHECK(in % kQuantGroup == 0, "quantize: the input dimension of ", w.desc(),
+               " is not a multiple of ", kQuantGroup);
+  const Tensor wf = w.detach().to(DType::F32).contiguous();
+  QuantWeight r{Tensor::empty({out, in * bits / 8}, DType::U8),
+                Tensor::empty({out, groups}, DType::F32), bits};
+  const float* W = wf.data<float>();
+  auto* Q = r.q.data<uint8_t>();
+  float* S = r.scale.data<float>();
+  const float lo = bits == 8 ? -127.0f : -8.0f, hi = bits == 8 ? 127.0f : 7.0f;
+  for (int64_t i = 0; i < out * groups; ++i) {
+    const float* src = W + i * kQuantGroup;
+    float amax = 0, ext = 0;  // the largest |w| and the (first) element that has it
+    for (int64_t j = 0; j < kQuantGroup; ++j)
+      if (std::fabs(src[j]) > amax) amax = std::fabs(src[j]), ext = src[j];
+    MYRIAD_CHECK(std::isfinite(amax), "quantize: ", w.desc(), " has a non-finite value in row ",
+                 i / groups);
+    const float s = bits == 8 ? amax / 127.0f : ext / -8.0f;
+    S[i] = s;
+    float q[kQuantGroup];
+    for (int64_t j = 0; j < kQuantGroup; ++j)
+      q[j] = s == 0.0f ? 0.0f : std::clamp(std::nearbyint(src[j] / s), lo, hi);
+    if (bits == 8) {
+      for (int64_t j = 0; j < kQuantGroup; ++j)
+        Q[i * kQuantGroup + j] = static_cast<uint8_t>(static_cast<int8_t>(q[j]));
+    } else {
+      uint8_t* o = Q + i * (kQuantGroup / 2);
+      for (int64_t j = 0; j < kQuantGroup / 2; ++j)
+        o[j] = static_cast<uint8_t>(static_cast<int>(q[j]) + 8) |
+               static_cast<uint8_t>((static_cast<int>(q[j + kQuantGroup / 2]) + 8) << 4);
+    }
+  }
+  return r;
+}
+
+namespace {
+void check_weight(const char* op, const QuantWeight& w) {
+  MYRIAD_CHECK((w.bits == 8 || w.bits == 4) && w.q.defined() && w.scale.defined() &&
+                   w.q.dtype() == DType::U8 && w.scale.dtype() == DType::F32 && w.q.dim() == 2 &&
+                   w.scale.dim() == 2 && w.q.is_contiguous() && w.scale.is_contiguous() &&
+                   w.in() % kQuantGroup == 0 && w.scale.size(0) == w.q.size(0) &&
+                   w.scale.size(1) == w.in() / kQuantGroup,
+               op, ": not a quantized weight (", w.bits, "-bit codes u8 [out, in · bits / 8], ",
+               "scales f32 [out, in / ", kQuantGroup,
+               "]): ", w.q.defined() ? w.q.desc() : "undefined", ", ",
+               w.scale.defined() ? w.scale.desc() : "undefined");
+}
+
+void check_x(const char* op, const Tensor& x, const QuantWeight& w, int64_t rank) {
+  check_inputs(op, {&x});
+  MYRIAD_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16, op,
+               ": the input must be f32 or bf16, got ", x.desc());
+  if (rank) check_dim(op, x, rank);
+  MYRIAD_CHECK(x.dim() >= 1 && x.size(-1) == w.in(), op, ": input features differ (x ",
+               shape_str(x.shape()), ", weight [", w.out(), ", ", w.in(), "])");
+  MYRIAD_CHECK(x.device() == w.q.device(), op, ": x is on ", x.device().str(), ", the weight on ",
+               w.q.device().str());
+  MYRIAD_CHECK(!needs_grad({&x}), op,
+               ": int8 weights are for inference; the input requires a gradient");
+}
+
+// The few-row product for rows [0, m) of x2 (contiguous f32 [m, in]) into y2 [m, out].
+GemmArgs stream_args(const Tensor& x2, int64_t r0, int64_t r1, const QuantWeight& w, Tensor& y2) {
+  GemmArgs a;
+  a.m = r1 - r0, a.n = w.out(), a.k = w.in(), a.trans_b = true;
+  a.a = x2.data<float>() + r0 * w.in();
+  a.b = w.q.data_ptr();
+  a.b_scale = w.scale.data<float>();
+  a.b_bits = w.bits;
+  a.c = y2.data<float>() + r0 * w.out();
+  a.lda = w.in(), a.ldb = w.q.size(1), a.ldc = w.out();
+  a.dtype = DType::F32, a.device = x2.device();
+  return a;
+}
+
+bool streams(const Tensor& x, int64_t rows) {
+  return rows <= kQuantStreamRows && quant_gemm_kernels().has(backend_for(x.device(), DType::F32));
+}
+}  // namespace
+
+Tensor dequantize(const QuantWeight& w) {
+  check_weight("dequantize", w);
+  MYRIAD_CHECK(w.q.device().is_cpu(), "dequantize: the weight must be on the cpu");
+  Tensor r = Tensor::empty({w.out(), w.in()}, DType::F32);
+  const auto* Q = w.q.data<uint8_t>();
+  const float* S = w.scale.data<float>();
+  float* R = r.data<float>();
+  // Group by group, so the inner loop is one scale times 32 codes (it vectorises).
+  for (int64_t g = 0, groups = w.out() * w.in() / kQuantGroup; g < groups; ++g) {
+    const float s = S[g];
+    float* o = R + g * kQuantGroup;
+    if (w.bits == 8) {
+      const uint8_t* q = Q + g * kQuantGroup;
+      for (int64_t j = 0; j < kQuantGroup; ++j)
+        o[j] = static_cast<float>(static_cast<int8_t>(q[j])) * s;
+    } else {
+      const uint8_t* q = Q + g * (kQuantGroup / 2);
+      for (int64_t j = 0; j < kQuantGroup / 2; ++j) {
+        o[j] = static_cast<float>((q[j] & 15) - 8) * s;
+        o[j + kQuantGroup / 2] = static_cast<float>((q[j] >> 4) - 8) * s;
+      }
+    }
+  }
+  return r;
+}
+
+Tensor linear_quant(const Tensor& x, const QuantWeight& w) {
+  check_weight("linear_quant", w);
+  check_x("linear_quant", x, w, 0);
+  if (x.dtype() == DType::BF16) return linear_quant(x.to(DType::F32), w).to(DType::BF16);
+  NoGradGuard ng;
+  Shape so(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = shape_numel(so);
+  so.push_back(w.out());
+  if (!streams(x, rows)) return linear(x, dequantize(w));
+  Tensor y = Tensor::empty(so, DType::F32, x.device());
+  if (rows == 0) return y;
+  const Tensor x2 = x.contiguous();
+  quant_gemm_kernels().get(x.device(), DType::F32)({stream_args(x2, 0, rows, w, y)});
+  return y;
+}
+
+Tensor grouped_linear_quant(const Tensor& x, const std::vector<int64_t>& offsets,
+                            const std::vector<const QuantWeight*>& w) {
+  const char* op = "grouped_linear_quant";
+  MYRIAD_CHECK(!w.empty(), op, ": no groups");
+  for (const QuantWeight* wg : w) {
+    MYRIAD_CHECK(wg, op, ": a null weight");
+    check_weight(op, *wg);
+    MYRIAD_CHECK(wg->out() == w[0]->out() && wg->in() == w[0]->in() && wg->bits == w[0]->bits, op,
+                 ": weight [", wg->out(), ", ", wg->in(), "] (", wg->bits,
+                 " bits) differs from the first, [", w[0]->out(), ", ", w[0]->in(), "] (",
+                 w[0]->bits, " bits)");
+  }
+  check_x(op, x, *w[0], 2);
+  MYRIAD_CHECK(
+      offsets.size() == w.size() + 1 && offsets.front() == 0 && offsets.back() == x.size(0), op,
+      ": offsets must run from 0 to ", x.size(0), " in ", w.size() + 1, " entries, got ",
+      offsets.size(), " entries");
+  for (size_t g = 0; g < w.size(); ++g)
+    MYRIAD_CHECK(offsets[g] <= offsets[g + 1], op, ": offsets decrease at group ", g);
+  if (x.dtype() == DType::BF16)
+    return grouped_linear_quant(x.to(DType::F32), offsets, w).to(DType::BF16);
+  NoGradGuard ng;
+  bool all_stream = true;
+  for (size_t g = 0; g < w.size(); ++g)
+    all_stream = all_stream && streams(x, offsets[g + 1] - offsets[g]);
+  if (!all_stream) {
+    // Prefill: every group's dequantized weight in one grouped_linear (one parallel region and
+    // oneDNN primitives of any row count; a group of up to 16 rows gets the streamed bits there
+    // too, the f32 few-row kernel on the dequantized weight). An empty group reads no weight: it
+    // takes another group's.
+    std::vector<Tensor> wf(w.size());
+    for (size_t g = 0; g < w.size(); ++g)
+      if (offsets[g + 1] > offsets[g]) wf[g] = dequantize(*w[g]);
+    const Tensor any =
+        *std::find_if(wf.begin(), wf.end(), [](const Tensor& t) { return t.defined(); });
+    for (Tensor& t : wf)
+      if (!t.defined()) t = any;
+    return grouped_linear(x, offsets, wf);
+  }
+  const Tensor x2 = x.contiguous();
+  Tensor y = Tensor::empty({x.size(0), w[0]->out()}, DType::F32, x.device());
+  std::vector<GemmArgs> few;  // one unit of work: one parallel region for all of decode's experts
+  for (size_t g = 0; g < w.size(); ++g) {
+    const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+    if (r0 < r1) few.push_back(stream_args(x2, r0, r1, *w[g], y));
+  }
+  if (!few.empty()) quant_gemm_kernels().get(x.device(), DType::F32)(few);
+  return y;
+}
+
+Tensor linear_quant_cat(const Tensor& x, const std::vector<const QuantWeight*>& w) {
+  const char* op = "linear_quant_cat";
+  MYRIAD_CHECK(!w.empty(), op, ": no weights");
+  std::vector<int64_t> at;  // first output column of each product
+  int64_t total = 0;
+  for (const QuantWeight* wi : w) {
+    MYRIAD_CHECK(wi, op, ": a null weight");
+    check_weight(op, *wi);
+    MYRIAD_CHECK(wi->bits == w[0]->bits, op, ": weights of ", w[0]->bits, " and ", wi->bits,
+                 " bits");
+    check_x(op, x, *wi, 0);
+    at.push_back(total);
+    total += wi->out();
+  }
+  if (x.dtype() == DType::BF16) return linear_quant_cat(x.to(DType::F32), w).to(DType::BF16);
+  NoGradGuard ng;
+  Shape so(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = shape_numel(so);
+  if (!streams(x, rows)) {  // prefill: linear_cat on the dequantized weights
+    std::vector<Tensor> wf;
+    for (const QuantWeight* wi : w) wf.push_back(dequantize(*wi));
+    return linear_cat(x, wf);
+  }
+  so.push_back(total);
+  Tensor y = Tensor::empty(so, DType::F32, x.device());
+  if (rows == 0) return y;
+  const Tensor x2 = x.contiguous();
+  std::vector<GemmArgs> few;
+  for (size_t i = 0; i < w.size(); ++i) {
+    GemmArgs a = stream_args(x2, 0, rows, *w[i], y);
+    a.c = y.data<float>() + at[i];
+    a.ldc = total;
+    few.push_back(a);
+  }
+  quant_gemm_kernels().get(x.device(), DType::F32)(few);
+  return y;
+}
+
+}  // namespace myriad::ops

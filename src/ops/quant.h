@@ -1,0 +1,67 @@
+// Weight-only quantization (docs/PERFORMANCE.md "int8 decode", "int4 decode"): a weight
+// [out, in] is held as integer codes with one f32 scale per 32 consecutive elements of a row, and
+// decode's few-row products read the codes (a quarter or an eighth of the f32 bytes) instead of
+// the f32 rows. Activations stay f32: only the weights are quantized. Two formats, llama.cpp's
+// q8_0 and q4_0 blocks with f32 scales:
+//
+//   int8: scale[i, g] = max_{j in g} |w[i, j]| / 127,   q[i, j] in [-127, 127]
+//   int4: scale[i, g] = -w[i, j*] / 8 for j* the element of g with the largest |w| (the first
+//         such), q[i, j] in [-8, 7]   (the extreme element is code -8 exactly)
+//   q[i, j]  = clamp(round_half_even(w[i, j] / scale[i, j / 32]))   (0 where the scale is 0)
+//   w'[i, j] = float(q[i, j]) * scale[i, j / 32]      (dequantize, one f32 rounding)
+//
+// int8 codes are bytes (two's complement), int4 codes q + 8 in nibbles: byte b of a group's 16
+// holds element b in its low nibble and element b + 16 in its high one (q4_0's order).
+//
+// linear_quant(x, w) is linear(x, dequantize(w)): bit for bit on the CPU, where up to
+// kQuantStreamRows rows of x stream the codes through the few-row GEMM (dequantizing each group in
+// registers with the f32 kernel's sum order) and more rows (prefill) dequantize the weight once
+// and run the f32 GEMM. No gradient: quantized weights are for inference.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/dispatch.h"
+#include "ops/matmul.h"
+
+namespace myriad::ops {
+
+constexpr int64_t kQuantGroup = 32;             // elements of a row per scale
+constexpr int64_t kQuantStreamRows = kFewRows;  // rows of x up to which the codes are streamed
+
+struct QuantWeight {
+  Tensor q;      // U8 [out, in] (int8) or [out, in / 2] (int4): the codes
+  Tensor scale;  // F32 [out, in / 32]
+  int bits = 8;  // 8 or 4
+  int64_t out() const { return q.size(0); }
+  int64_t in() const { return q.size(1) * (8 / bits); }
+  int64_t bytes() const;  // codes + scales
+};
+
+// w: f32 or bf16 [out, in] with in a multiple of 32; bits 8 or 4.
+QuantWeight quantize(const Tensor& w, int bits);
+inline QuantWeight quantize_int8(const Tensor& w) {
+  return quantize(w, 8);
+}
+Tensor dequantize(const QuantWeight& w);  // f32 [out, in]
+// x [..., in] (f32 or bf16) -> [..., out] in x's dtype; x must not require a gradient.
+Tensor linear_quant(const Tensor& x, const QuantWeight& w);
+// grouped_linear with quantized weights (all of one format): rows [offsets[g], offsets[g + 1]) of x
+// [M, in] times w[g].
+Tensor grouped_linear_quant(const Tensor& x, const std::vector<int64_t>& offsets,
+                            const std::vector<const QuantWeight*>& w);
+// linear_cat with quantized weights (all of one format): up to kQuantStreamRows rows stream every
+// weight's codes in one unit of work, concat(linear_quant(x, *w[i]), -1) bit for bit; more rows
+// (prefill) run linear_cat on the dequantized weights.
+Tensor linear_quant_cat(const Tensor& x, const std::vector<const QuantWeight*>& w);
+
+// ---- kernel ----
+// Few-row products with quantized B: every GemmArgs has trans_b, m <= kQuantStreamRows, dtype F32
+// (A and C), b pointing at codes of b_bits bits [n, k] (ldb in bytes: k or k / 2) with k a
+// multiple of 32, and b_scale at their scales [n, k / 32] (row stride k / 32), every product of
+// one format. All run as one unit of work.
+using QuantGemmKernel = void (*)(const std::vector<GemmArgs>& groups);
+KernelTable<QuantGemmKernel>& quant_gemm_kernels();
+
+}  // namespace myriad::ops
