@@ -319,6 +319,48 @@ constexpr auto dots_table(std::index_sequence<I...>) {
 // (vpmovsxbd): GCC 12 widens int8 vector-extension lanes through int16 with 13 shuffles per 16
 // codes, which bounded the kernel at ~9 GB/s of codes on two cores. The same lanes, products
 // and fused multiply-adds as dots<int8_t, J, R, W> (W = 8 and 16), so the same bits.
+// acc[jj][r] += x[r][i, i + 16) · wv[jj] for every row of A and B (two 8-lane halves), and the
+// 16 lanes of each accumulator summed in order into out: the intrinsic kernels' shared parts.
+template <int J, int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void fma_rows_avx2(
+    __m256 (&acc)[J][R][2], const float* const* x, int64_t i, const __m256 (&wv)[J][2]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q) {
+      const __m256 xv = _mm256_loadu_ps(x[r] + i + 8 * q);
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) acc[jj][r][q] = _mm256_fmadd_ps(xv, wv[jj][q], acc[jj][r][q]);
+    }
+}
+template <int J, int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void sum_lanes_avx2(
+    const __m256 (&acc)[J][R][2], float* out) {
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      float lanes[kLanes], s = 0;
+      _mm256_storeu_ps(lanes, acc[jj][r][0]);
+      _mm256_storeu_ps(lanes + 8, acc[jj][r][1]);
+      for (int l = 0; l < kLanes; ++l) s += lanes[l];
+      out[jj * kTile + r] = s;
+    }
+}
+template <int J, int R>
+__attribute__((target("avx512f"), always_inline)) inline void sum_lanes_avx512(
+    const __m512 (&acc)[J][R], float* out) {
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      float lanes[kLanes], s = 0;
+      _mm512_storeu_ps(lanes, acc[jj][r]);
+      for (int l = 0; l < kLanes; ++l) s += lanes[l];
+      out[jj * kTile + r] = s;
+    }
+}
+
 template <int J, int R>
 __attribute__((target("avx2,fma"))) void dots_codes_avx2(const float* const* x,
                                                          const int8_t* const* w,
@@ -343,26 +385,9 @@ __attribute__((target("avx2,fma"))) void dots_codes_avx2(const float* const* x,
         wv[jj][q] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s);
       }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 2
-      for (int q = 0; q < 2; ++q) {
-        const __m256 xv = _mm256_loadu_ps(x[r] + i + 8 * q);
-#pragma GCC unroll 4
-        for (int jj = 0; jj < J; ++jj)
-          acc[jj][r][q] = _mm256_fmadd_ps(xv, wv[jj][q], acc[jj][r][q]);
-      }
+    fma_rows_avx2<J, R>(acc, x, i, wv);
   }
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      float lanes[kLanes], s = 0;
-      _mm256_storeu_ps(lanes, acc[jj][r][0]);
-      _mm256_storeu_ps(lanes + 8, acc[jj][r][1]);
-      for (int l = 0; l < kLanes; ++l) s += lanes[l];
-      out[jj * kTile + r] = s;
-    }
+  sum_lanes_avx2<J, R>(acc, out);
 }
 
 // (GCC 12's avx512fintrin.h reads an undefined vector inside _mm512_cvtepi32_ps's masked form.)
@@ -396,15 +421,7 @@ __attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
       for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(xv, wv[jj], acc[jj][r]);
     }
   }
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      float lanes[kLanes], s = 0;
-      _mm512_storeu_ps(lanes, acc[jj][r]);
-      for (int l = 0; l < kLanes; ++l) s += lanes[l];
-      out[jj * kTile + r] = s;
-    }
+  sum_lanes_avx512<J, R>(acc, out);
 }
 
 // dots<Int4, J, R, 16> a group (32 codes, 16 bytes) per step: one load and widening per row of B
@@ -446,15 +463,7 @@ __attribute__((target("avx512f"))) void dots_nibbles_avx512(const float* const* 
       for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(x1, hi[jj], acc[jj][r]);
     }
   }
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      float lanes[kLanes], s = 0;
-      _mm512_storeu_ps(lanes, acc[jj][r]);
-      for (int l = 0; l < kLanes; ++l) s += lanes[l];
-      out[jj * kTile + r] = s;
-    }
+  sum_lanes_avx512<J, R>(acc, out);
 }
 
 #pragma GCC diagnostic pop
@@ -492,34 +501,10 @@ __attribute__((target("avx2,fma"))) void dots_nibbles_avx2(const float* const* x
             _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(c, 4), eight)), s);
       }
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 2
-      for (int q = 0; q < 2; ++q) {
-        const __m256 xv = _mm256_loadu_ps(x[r] + i + 8 * q);
-#pragma GCC unroll 4
-        for (int jj = 0; jj < J; ++jj)
-          acc[jj][r][q] = _mm256_fmadd_ps(xv, lo[jj][q], acc[jj][r][q]);
-      }
-#pragma GCC unroll 2
-      for (int q = 0; q < 2; ++q) {
-        const __m256 xv = _mm256_loadu_ps(x[r] + i + 16 + 8 * q);
-#pragma GCC unroll 4
-        for (int jj = 0; jj < J; ++jj)
-          acc[jj][r][q] = _mm256_fmadd_ps(xv, hi[jj][q], acc[jj][r][q]);
-      }
-    }
+    fma_rows_avx2<J, R>(acc, x, i, lo);
+    fma_rows_avx2<J, R>(acc, x, i + 16, hi);
   }
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      float lanes[kLanes], s = 0;
-      _mm256_storeu_ps(lanes, acc[jj][r][0]);
-      _mm256_storeu_ps(lanes + 8, acc[jj][r][1]);
-      for (int l = 0; l < kLanes; ++l) s += lanes[l];
-      out[jj * kTile + r] = s;
-    }
+  sum_lanes_avx2<J, R>(acc, out);
 }
 
 // The intrinsic dots of one kind for every tile shape (J, R) = (I / 4 + 1, I % 4 + 1).
