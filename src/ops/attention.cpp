@@ -34,8 +34,7 @@ Tensor unit_last(const Tensor& t) {
 }  // namespace
 
 Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale,
-                 bool causal, int64_t q_offset, const Tensor& key_bias, int64_t bias_window,
-                 Tensor* lse_out) {
+                 bool causal, int64_t q_offset, const Tensor& key_bias, int64_t bias_window) {
   const char* name = "attention";
   const bool has_bias = key_bias.defined();
   Device dev = has_bias ? check_inputs(name, {&q_in, &k_in, &v_in, &key_bias})
@@ -67,7 +66,6 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, dou
   Tensor out = Tensor::empty({qs[0], qs[1], qs[2], vs[3]}, t, dev);
   Tensor lse = Tensor::empty({qs[0], qs[1], qs[2]}, t == DType::F64 ? DType::F64 : DType::F32, dev);
   attention_kernels().get(dev, t)(p, q, k, v, bias, out, lse);
-  if (lse_out) *lse_out = lse.detach();
   if (needs_grad({&q_in, &k_in, &v_in, &key_bias})) {
     record(name, out, {q_in, k_in, v_in, key_bias},
            [p, q = q.detach(), k = k.detach(), v = v.detach(),

@@ -19,12 +19,8 @@ namespace myriad::ops {
 // k and v may be strided views (only the last dimension must be unit-stride, else it is copied):
 // the absorbed MLA decode passes k = latent cache [B, 1, S, 576] and v = its first 512 channels.
 // key_bias: [B, Tk] in q's dtype or f32, or undefined. Differentiable in q, k, v and key_bias.
-// lse (when given) receives the log-sum-exp of each query's scores [B, Hq, Tq] (f32, f64 for f64
-// inputs; -inf for a query that sees no key), not differentiable: attention over key blocks
-// merges per-block outputs with it (paged decode).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                 int64_t q_offset = 0, const Tensor& key_bias = {}, int64_t bias_window = 0,
-                 Tensor* lse = nullptr);
+                 int64_t q_offset = 0, const Tensor& key_bias = {}, int64_t bias_window = 0);
 
 // Attention over paged caches, every sequence in one call (the absorbed MLA decode, MODEL.md
 // §3.3): sequence b's keys are the first lengths[b] rows of its pages, pages[b][k] a

@@ -12,7 +12,7 @@
 namespace myriad::ops {
 
 KernelTable<QuantGemmKernel>& quant_gemm_kernels() {
-  static KernelTable<QuantGemmKernel> t("int8_gemm");
+  static KernelTable<QuantGemmKernel> t("quant_gemm");
   return t;
 }
 
@@ -85,7 +85,7 @@ void check_x(const char* op, const Tensor& x, const QuantWeight& w, int64_t rank
   MYRIAD_CHECK(x.device() == w.q.device(), op, ": x is on ", x.device().str(), ", the weight on ",
                w.q.device().str());
   MYRIAD_CHECK(!needs_grad({&x}), op,
-               ": int8 weights are for inference; the input requires a gradient");
+               ": quantized weights are for inference; the input requires a gradient");
 }
 
 // The few-row product for rows [0, m) of x2 (contiguous f32 [m, in]) into y2 [m, out].

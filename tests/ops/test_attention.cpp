@@ -54,44 +54,6 @@ TEST_P(Attention, MatchesReference) {
   }
 }
 
-// The optional lse output is each query's log Σ_j exp(scale q·k_j) over its visible keys, and two
-// key blocks merged by their lse give the one-block output (what paged decode does).
-TEST(AttentionLse, LogSumExpAndBlockMerge) {
-  const Case c{1, 2, 1, 3, 10, 4, 5, true, 7};
-  auto x = make_qkv(c, 3);
-  for (auto& t : x) t = t.detach().to(DType::F64);
-  const double scale = 0.5;
-  Tensor lse;
-  const Tensor out = ops::attention(x[0], x[1], x[2], scale, true, c.q_offset, {}, 0, &lse);
-  ASSERT_EQ(lse.shape(), (Shape{1, 2, 3}));
-  const auto q = x[0].to_doubles(), k = x[1].to_doubles(), l = lse.to_doubles();
-  for (int64_t h = 0; h < 2; ++h)
-    for (int64_t i = 0; i < 3; ++i) {
-      double z = 0;
-      for (int64_t j = 0; j <= c.q_offset + i; ++j) {
-        double dot = 0;
-        for (int64_t d = 0; d < 4; ++d) dot += q[(h * 3 + i) * 4 + d] * k[j * 4 + d];
-        z += std::exp(scale * dot);
-      }
-      EXPECT_NEAR(l[h * 3 + i], std::log(z), 1e-12);
-    }
-  // Blocks [0, 6) and [6, 10): out = (e^{lse1} out1 + e^{lse2} out2) / (e^{lse1} + e^{lse2}).
-  Tensor l1, l2;
-  auto blk = [&](int64_t a, int64_t b) { return ops::slice(x[1], 2, a, b); };
-  auto vblk = [&](int64_t a, int64_t b) { return ops::slice(x[2], 2, a, b); };
-  const Tensor o1 =
-      ops::attention(x[0], blk(0, 6), vblk(0, 6), scale, true, c.q_offset, {}, 0, &l1);
-  const Tensor o2 =
-      ops::attention(x[0], blk(6, 10), vblk(6, 10), scale, true, c.q_offset - 6, {}, 0, &l2);
-  const auto a = o1.to_doubles(), b = o2.to_doubles(), o = out.to_doubles();
-  const auto la = l1.to_doubles(), lb = l2.to_doubles();
-  for (size_t r = 0; r < la.size(); ++r)
-    for (int64_t d = 0; d < 5; ++d) {
-      const double wa = std::exp(la[r]), wb = std::exp(lb[r]);
-      EXPECT_NEAR((wa * a[r * 5 + d] + wb * b[r * 5 + d]) / (wa + wb), o[r * 5 + d], 1e-12);
-    }
-}
-
 // The absorbed MLA decode: MQA over a [B, 1, S, 576] latent cache whose first 512 channels are
 // the values (a strided view, not a copy); three query heads share it.
 TEST_P(Attention, AbsorbedMlaOverLatentCache) {

@@ -29,8 +29,9 @@ TEST(Dispatch, ReferenceModeRoutesCpuTensors) {
   EXPECT_EQ(ops::backend_for(kCPU, DType::F64), ops::Backend::Reference);
 }
 
-// Calls f on every op's kernel table but the two that only the CPU has (int8_gemm: weight-only
-// int8 decode; grouped_gemm: without a grouped kernel each group runs the GEMM kernel).
+// Calls f on every op's kernel table but the three that only the CPU has (quant_gemm: weight-only
+// int8 / int4 decode; grouped_gemm: without a grouped kernel each group runs the GEMM kernel;
+// paged_attention: without a paged kernel the op gathers each sequence's pages for attention).
 template <class F>
 void for_each_table(F&& f) {
   f(ops::binary_kernels());
@@ -75,6 +76,7 @@ TEST(Dispatch, EveryOpHasReferenceAndCpuKernels) {
   });
   EXPECT_TRUE(ops::quant_gemm_kernels().has(ops::Backend::CPU));
   EXPECT_TRUE(ops::grouped_gemm_kernels().has(ops::Backend::CPU));
+  EXPECT_TRUE(ops::paged_attention_kernels().has(ops::Backend::CPU));
 }
 
 // A build with the CUDA backend registers a CUDA kernel for every op (checked without a GPU: the

@@ -242,8 +242,8 @@ inline void load_tail(typename Lanes<W>::F* v, const T* p, int64_t n) {
 // accumulators (16 of them, as kLanes / W vectors of W lanes) sums the products i = l mod 16 in
 // order, with the same vector expression in every tile shape and vector width (so the same
 // fused multiply-adds), then the 16 lanes are added in a fixed order. The tile and the width
-// change which loads are shared, never a sum. int8 rows of B (k a multiple of 32) are widened
-// and multiplied by their group's scale sc[jj][i / 32] in registers: the f32 values
+// change which loads are shared, never a sum. int8 and int4 rows of B (k a multiple of 32) are
+// widened and multiplied by their group's scale sc[jj][i / 32] in registers: the f32 values
 // dequantize gives, so the same sums as the f32 kernel on the dequantized weight.
 template <class T, int J, int R, int W>
 MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, const float* const* sc,
@@ -314,13 +314,10 @@ constexpr auto dots_table(std::index_sequence<I...>) {
 // Only where the kernels are cloned (cpu.h): the intrinsics fuse multiply-adds as the AVX2 and
 // AVX-512 clones do; the sanitizer builds run the baseline code, which does not.
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define MYRIAD_INT8_INTRINSICS 1
-// dots for int8 codes with the sign extension as one load-and-widen instruction per vector
-// (vpmovsxbd): GCC 12 widens int8 vector-extension lanes through int16 with 13 shuffles per 16
-// codes, which bounded the kernel at ~9 GB/s of codes on two cores. The same lanes, products
-// and fused multiply-adds as dots<int8_t, J, R, W> (W = 8 and 16), so the same bits.
-// acc[jj][r] += x[r][i, i + 16) · wv[jj] for every row of A and B (two 8-lane halves), and the
-// 16 lanes of each accumulator summed in order into out: the intrinsic kernels' shared parts.
+#define MYRIAD_CODE_INTRINSICS 1
+// The intrinsic kernels' shared parts: acc[jj][r] += x[r][i, i + 16) · wv[jj] for every row of A
+// and B (one 16-lane vector, or two 8-lane halves), and the 16 lanes of each accumulator summed
+// in order into out.
 template <int J, int R>
 __attribute__((target("avx2,fma"), always_inline)) inline void fma_rows_avx2(
     __m256 (&acc)[J][R][2], const float* const* x, int64_t i, const __m256 (&wv)[J][2]) {
@@ -332,6 +329,16 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fma_rows_avx2(
 #pragma GCC unroll 4
       for (int jj = 0; jj < J; ++jj) acc[jj][r][q] = _mm256_fmadd_ps(xv, wv[jj][q], acc[jj][r][q]);
     }
+}
+template <int J, int R>
+__attribute__((target("avx512f"), always_inline)) inline void fma_rows_avx512(
+    __m512 (&acc)[J][R], const float* const* x, int64_t i, const __m512 (&wv)[J]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m512 xv = _mm512_loadu_ps(x[r] + i);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(xv, wv[jj], acc[jj][r]);
+  }
 }
 template <int J, int R>
 __attribute__((target("avx2,fma"), always_inline)) inline void sum_lanes_avx2(
@@ -361,6 +368,10 @@ __attribute__((target("avx512f"), always_inline)) inline void sum_lanes_avx512(
     }
 }
 
+// dots for int8 codes with the sign extension as one load-and-widen instruction per vector
+// (vpmovsxbd): GCC 12 widens int8 vector-extension lanes through int16 with 13 shuffles per 16
+// codes, which bounded the kernel at ~9 GB/s of codes on two cores. The same lanes, products
+// and fused multiply-adds as dots<int8_t, J, R, W> (W = 8 and 16), so the same bits.
 template <int J, int R>
 __attribute__((target("avx2,fma"))) void dots_codes_avx2(const float* const* x,
                                                          const int8_t* const* w,
@@ -414,12 +425,7 @@ __attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
       wv[jj] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)),
                              _mm512_set1_ps(sc[jj][i / ops::kQuantGroup]));
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x[r] + i);
-#pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(xv, wv[jj], acc[jj][r]);
-    }
+    fma_rows_avx512<J, R>(acc, x, i, wv);
   }
   sum_lanes_avx512<J, R>(acc, out);
 }
@@ -454,14 +460,8 @@ __attribute__((target("avx512f"))) void dots_nibbles_avx512(const float* const* 
       lo[jj] = _mm512_permutexvar_ps(c, table);
       hi[jj] = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), table);
     }
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m512 x0 = _mm512_loadu_ps(x[r] + i), x1 = _mm512_loadu_ps(x[r] + i + 16);
-#pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(x0, lo[jj], acc[jj][r]);
-#pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) acc[jj][r] = _mm512_fmadd_ps(x1, hi[jj], acc[jj][r]);
-    }
+    fma_rows_avx512<J, R>(acc, x, i, lo);
+    fma_rows_avx512<J, R>(acc, x, i + 16, hi);
   }
   sum_lanes_avx512<J, R>(acc, out);
 }
@@ -520,13 +520,13 @@ MYRIAD_DOTS_TABLE(nibbles_table_avx512, dots_nibbles_avx512)
 #undef MYRIAD_DOTS_TABLE
 #endif
 
-// The dots for T at the width wide_vectors() picks; int8 codes take the instructions above where
-// the CPU has them (a forced width the CPU lacks runs the generic code).
+// The dots for T at the width wide_vectors() picks; int8 and int4 codes take the instructions above
+// where the CPU has them (a forced width the CPU lacks runs the generic code).
 template <class T>
 const auto& dots_for() {
   static constexpr auto wide = dots_table<T, 16>(std::make_index_sequence<kTile * kTile>{});
   static constexpr auto narrow = dots_table<T, 8>(std::make_index_sequence<kTile * kTile>{});
-#if defined(MYRIAD_INT8_INTRINSICS)
+#if defined(MYRIAD_CODE_INTRINSICS)
   if constexpr (kCodes<T>) {
     constexpr auto seq = std::make_index_sequence<kTile * kTile>{};
     static constexpr auto v4 = [&] {
@@ -587,7 +587,7 @@ void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, const floa
 // of B each, so a thread is woken only for work that outweighs waking it, and all of them share
 // one parallel region (a MoE's experts at decode: one region instead of one per expert). bf16
 // rows of A are widened to f32 once, before the region. T: B's elements (float, bf16 bits, int8
-// codes); C has A's type (f32 for int8 B).
+// codes, int4 byte pairs); C has A's type (f32 for quantized B).
 template <class T>
 void few_rows(const std::vector<GemmArgs>& gs) {
   using C = std::conditional_t<kCodes<T>, float, T>;
