@@ -162,6 +162,10 @@ const Tensor& Weights::get(const std::string& name) const {
   return it->second;
 }
 
+std::map<std::string, Tensor> Weights::tensors() const {
+  return {tensors_.begin(), tensors_.end()};
+}
+
 void Weights::set(const std::string& name, const Tensor& t) {
   auto it = tensors_.find(name);
   MYRIAD_CHECK(it != tensors_.end(), "weights: no tensor named ", name);

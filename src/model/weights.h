@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -55,7 +56,8 @@ class Weights {
   // The tensor, or an error naming it.
   const Tensor& get(const std::string& name) const;
   void set(const std::string& name, const Tensor& t);
-  const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+  // Every tensor by name, in name order (handles to the store's tensors, not copies).
+  std::map<std::string, Tensor> tensors() const;
   const std::vector<ParamSpec>& specs() const { return specs_; }
   // The canonical name a checkpoint spelling maps to (itself when it is canonical).
   std::string canonical(const std::string& name) const;
@@ -82,10 +84,12 @@ class Weights {
   int64_t quant_bytes() const;                                   // codes + scales of all copies
 
  private:
-  std::map<std::string, Tensor> tensors_;
+  // Hashed: get() and quant() run for every projection of every step, and the names share long
+  // prefixes ("model.layers.12.mlp.experts.3."), which an ordered map compares at every node.
+  std::unordered_map<std::string, Tensor> tensors_;
   std::vector<ParamSpec> specs_;
   std::vector<std::string> skipped_;
-  std::map<std::string, ops::QuantWeight> quant_;
+  std::unordered_map<std::string, ops::QuantWeight> quant_;
 };
 
 // x [..., in] . W^T for the [out, in] weight `name` (nn.Linear without bias), through its

@@ -81,6 +81,26 @@ std::vector<float> taps(const Tensor& w) {
   return wt;
 }
 
+// Decode-sized f32 (T < K): channel by channel, straight from w [C, K] and state [B, C, P], with
+// no transposed copies; the sum runs over the taps in the same order as the row path, so a step
+// gives the bits of the same position in a longer pass.
+MYRIAD_CPU_CLONES void conv_channels(const float* x, const float* w, const float* state, float* y,
+                                     int64_t T, int64_t C, int64_t K) {
+  const int64_t P = K - 1;
+  for (int64_t c = 0; c < C; ++c) {
+    const float* wc = w + c * K;
+    for (int64_t t = 0; t < T; ++t) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t q = t - P + j;  // position in x; below 0 the state's column q + P
+        const float v = q >= 0 ? x[q * C + c] : state ? state[c * P + q + P] : 0.0f;
+        acc += wc[j] * v;
+      }
+      y[t * C + c] = acc;
+    }
+  }
+}
+
 void check_float(DType t) {
   MYRIAD_CHECK(t == DType::F32 || t == DType::BF16,
                "conv1d_causal: the cpu kernel supports f32 and bf16, not ", dtype_name(t));
@@ -93,6 +113,13 @@ int64_t grain_for(int64_t work_per_unit) {
 void conv1d_cpu(const Tensor& x, const Tensor& w, const Tensor& state, Tensor& y) {
   check_float(x.dtype());
   const int64_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2], K = w.shape()[1], P = K - 1;
+  if (T < K && x.dtype() == DType::F32 && w.dtype() == DType::F32) {
+    const float* s = state.defined() ? state.data<float>() : nullptr;
+    for (int64_t b = 0; b < B; ++b)
+      conv_channels(x.data<float>() + b * T * C, w.data<float>(), s ? s + b * C * P : nullptr,
+                    y.data<float>() + b * T * C, T, C, K);
+    return;
+  }
   const std::vector<float> wt = taps(w);
   const int64_t nblk = (T + kTimeBlock - 1) / kTimeBlock;
   parallel_for(B * nblk, grain_for(kTimeBlock * C * K), [&](int64_t u0, int64_t u1) {
