@@ -28,19 +28,26 @@ void adamw_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamwA
   adamw_kernels().get(w.device(), w.dtype())(w, g, m, v, a);
 }
 
-// ---- reference kernel ----
+AdamwConsts adamw_consts(const AdamwArgs& a) {
+  auto f = [](double x) { return static_cast<float>(x); };
+  return {f(a.beta1), f(a.beta2), f(1 - a.beta1),    f(1 - a.beta2), f(a.bc1),
+          f(a.bc2),   f(a.eps),   f(a.weight_decay), f(a.lr)};
+}
+
+// ---- reference kernel (this file compiles with -ffp-contract=off: no fused multiply-adds) ----
 namespace {
-void adamw_ref(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamwArgs& a) {
+void adamw_ref(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamwArgs& args) {
+  const AdamwConsts a = adamw_consts(args);
   float *W = w.data<float>(), *M = m.data<float>(), *V = v.data<float>();
   const float* G = g.data<float>();
   for (int64_t i = 0, n = w.numel(); i < n; ++i) {
-    const double gi = G[i];
-    const double mi = a.beta1 * M[i] + (1 - a.beta1) * gi;
-    const double vi = a.beta2 * V[i] + (1 - a.beta2) * gi * gi;
-    M[i] = static_cast<float>(mi);
-    V[i] = static_cast<float>(vi);
-    const double upd = (mi / a.bc1) / (std::sqrt(vi / a.bc2) + a.eps) + a.weight_decay * W[i];
-    W[i] = static_cast<float>(W[i] - a.lr * upd);
+    const float gi = G[i];
+    const float mi = a.b1 * M[i] + a.c1 * gi;
+    const float vi = a.b2 * V[i] + a.c2 * gi * gi;
+    M[i] = mi;
+    V[i] = vi;
+    const float upd = (mi / a.bc1) / (std::sqrt(vi / a.bc2) + a.eps) + a.wd * W[i];
+    W[i] = W[i] - a.lr * upd;
   }
 }
 }  // namespace

@@ -38,6 +38,20 @@ constexpr int64_t kGrain = 1 << 14;
 // Σ g² in f64, the same value at any thread count: blocks of kGrain elements, each summed over 8
 // interleaved partial sums (p[i] into sum i mod 8), then the blocks' sums in order. (One serial
 // f64 chain over a 30M-parameter model's gradients took ~40 ms a step.)
+// One block's Σ g² over 8 interleaved f64 sums, per CPU clone (the baseline build ran it on
+// 2-lane SSE2 at 8 GB/s). A float's square is exact in f64, so a fused multiply-add rounds as the
+// separate multiply and add do: every clone gives the same bits.
+MYRIAD_CPU_CLONES double block_sum_squares(const float* p, int64_t n) {
+  double acc[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(p[i + l]) * p[i + l];
+  for (; i < n; ++i) acc[i % 8] += static_cast<double>(p[i]) * p[i];
+  double s = 0;
+  for (double a : acc) s += a;
+  return s;
+}
+
 double sum_squares(const Tensor& g) {
   const Tensor h = host_f32(g);
   const float* p = h.data<float>();
@@ -46,14 +60,7 @@ double sum_squares(const Tensor& g) {
   cpu::parallel_for(blocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k) {
       const int64_t lo = k * kGrain, hi = std::min(n, lo + kGrain);
-      double acc[8] = {};
-      int64_t i = lo;
-      for (; i + 8 <= hi; i += 8)
-        for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(p[i + l]) * p[i + l];
-      for (; i < hi; ++i) acc[(i - lo) % 8] += static_cast<double>(p[i]) * p[i];
-      double s = 0;
-      for (double a : acc) s += a;
-      part[static_cast<size_t>(k)] = s;
+      part[static_cast<size_t>(k)] = block_sum_squares(p + lo, hi - lo);
     }
   });
   double s = 0;
@@ -139,8 +146,17 @@ std::vector<double> Optimizer::slot_sum_squares() const {
   return ss;
 }
 
-double Optimizer::clip_grad_norm() {
+double Optimizer::clip_grad_norm(std::map<std::string, double>* groups) {
   const std::vector<double> per = slot_sum_squares();
+  if (groups) {
+    groups->clear();
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& s = slots_[i];
+      if (s.group != ParamGroup::BalancerOwned && per[slots_.size() + i] > 0)
+        (*groups)[group_name(s.group)] += per[i];
+    }
+    for (auto& [k, v] : *groups) v = std::sqrt(v);
+  }
   double ss = 0;
   for (size_t i = 0; i < slots_.size(); ++i) ss += per[i];
   const double norm = std::sqrt(ss);
@@ -158,18 +174,6 @@ double Optimizer::clip_grad_norm() {
     write_back(g, h);
   }
   return norm;
-}
-
-std::map<std::string, double> Optimizer::group_grad_norms() const {
-  const std::vector<double> per = slot_sum_squares();
-  std::map<std::string, double> ss;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (s.group != ParamGroup::BalancerOwned && per[slots_.size() + i] > 0)
-      ss[group_name(s.group)] += per[i];
-  }
-  for (auto& [k, v] : ss) v = std::sqrt(v);
-  return ss;
 }
 
 template <class F>

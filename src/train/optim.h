@@ -51,10 +51,10 @@ class Optimizer {
 
   // Global L2 norm of all gradients (balancer-owned excluded), computed in double. When it is
   // finite and above clip_norm the gradients are scaled in place by clip_norm / norm. NaN or Inf
-  // is returned unscaled (the trainer skips the step).
-  double clip_grad_norm();
-  // L2 norm of the current gradients per group (group_name keys), for monitoring.
-  std::map<std::string, double> group_grad_norms() const;
+  // is returned unscaled (the trainer skips the step). With `groups`, also the norm of each group
+  // (group_name keys) before clipping, for monitoring, from the same sums (one pass over the
+  // gradients, not two).
+  double clip_grad_norm(std::map<std::string, double>* groups = nullptr);
   // One update at learning rate lr. Parameters without a gradient are left alone.
   void step(double lr);
   void zero_grad();

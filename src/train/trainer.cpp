@@ -846,8 +846,7 @@ struct Trainer::Impl {
     StepStats st;
     st.step = step + 1;
     st.loss = loss_sum / static_cast<double>(n_micro);
-    st.group_norms = opt->group_grad_norms();
-    st.grad_norm = opt->clip_grad_norm();
+    st.grad_norm = opt->clip_grad_norm(&st.group_norms);
     const Decision dn = mon.decide(st.loss, st.grad_norm);
     const double lr = lr_at(r.schedule, step) * sp.lr_scale;
     if (dn == Decision::Apply) opt->step(lr);

@@ -6,7 +6,7 @@
 namespace myriad::testing {
 namespace {
 
-// The CPU kernel against the reference on the same inputs: the same f64 arithmetic with no fused
+// The CPU kernel against the reference on the same inputs: the same f32 arithmetic with no fused
 // multiply-adds, so the same bits, at sizes within one thread's share and across threads.
 TEST(Adamw, CpuKernelEqualsReferenceBitForBit) {
   uint64_t seed = 40;
@@ -36,7 +36,7 @@ TEST(Adamw, CpuKernelEqualsReferenceBitForBit) {
   }
 }
 
-// The CUDA kernel (f64 arithmetic in round-to-nearest intrinsics, no fused multiply-adds) gives
+// The CUDA kernel (f32 arithmetic in round-to-nearest intrinsics, no fused multiply-adds) gives
 // the reference's bits too.
 TEST(Adamw, CudaKernelEqualsReferenceBitForBit) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible";
