@@ -198,12 +198,11 @@ Weights Weights::to(DType dtype) const {
 }
 
 Weights Weights::to(Device device) const {
-  MYRIAD_CHECK(quant_.empty(), "weights: to(", device.str(),
-               ") of quantized weights is not supported (quantize after the move)");
   Weights w;
   w.specs_ = specs_;
   w.skipped_ = skipped_;
   for (const auto& [n, t] : tensors_) w.tensors_[n] = t.detach().to(device);
+  for (const auto& [n, q] : quant_) w.quant_.emplace(n, q.to(device));
   return w;
 }
 

@@ -71,7 +71,7 @@ class Weights {
   // A copy (new storage) of every tensor in another dtype.
   Weights to(DType dtype) const;
   // Every tensor on `device` (cuda(0), say): copies, except tensors already there, which are
-  // shared. Refused once quantize() made quantized copies (they stay on the CPU).
+  // shared; quantized copies (quantize()) move with them.
   Weights to(Device device) const;
   // Writes the store in checkpoint layout to `path` (a .safetensors file).
   void save(const std::string& path) const;

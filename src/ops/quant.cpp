@@ -15,6 +15,10 @@ KernelTable<QuantGemmKernel>& quant_gemm_kernels() {
   static KernelTable<QuantGemmKernel> t("quant_gemm");
   return t;
 }
+KernelTable<DequantizeKernel>& dequantize_kernels() {
+  static KernelTable<DequantizeKernel> t("dequantize");
+  return t;
+}
 
 int64_t QuantWeight::bytes() const {
   return q.numel() + scale.numel() * static_cast<int64_t>(sizeof(float));
@@ -26,7 +30,7 @@ QuantWeight quantize(const Tensor& w, int bits) {
   MYRIAD_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::BF16,
                "quantize: expected an f32 or bf16 weight, got ", w.desc());
   check_dim("quantize", w, 2);
-  MYRIAD_CHECK(w.device().is_cpu(), "quantize: the weight must be on the cpu, got ", w.desc());
+  if (!w.device().is_cpu()) return quantize(w.to(kCPU), bits).to(w.device());
   const int64_t out = w.size(0), in = w.size(1), groups = in / kQuantGroup;
   MYRIAD_CHECK(in % kQuantGroup == 0, "quantize: the input dimension of ", w.desc(),
                " is not a multiple of ", kQuantGroup);
@@ -109,27 +113,10 @@ bool streams(const Tensor& x, int64_t rows) {
 
 Tensor dequantize(const QuantWeight& w) {
   check_weight("dequantize", w);
-  MYRIAD_CHECK(w.q.device().is_cpu(), "dequantize: the weight must be on the cpu");
-  Tensor r = Tensor::empty({w.out(), w.in()}, DType::F32);
-  const auto* Q = w.q.data<uint8_t>();
-  const float* S = w.scale.data<float>();
-  float* R = r.data<float>();
-  // Group by group, so the inner loop is one scale times 32 codes (it vectorises).
-  for (int64_t g = 0, groups = w.out() * w.in() / kQuantGroup; g < groups; ++g) {
-    const float s = S[g];
-    float* o = R + g * kQuantGroup;
-    if (w.bits == 8) {
-      const uint8_t* q = Q + g * kQuantGroup;
-      for (int64_t j = 0; j < kQuantGroup; ++j)
-        o[j] = static_cast<float>(static_cast<int8_t>(q[j])) * s;
-    } else {
-      const uint8_t* q = Q + g * (kQuantGroup / 2);
-      for (int64_t j = 0; j < kQuantGroup / 2; ++j) {
-        o[j] = static_cast<float>((q[j] & 15) - 8) * s;
-        o[j + kQuantGroup / 2] = static_cast<float>((q[j] >> 4) - 8) * s;
-      }
-    }
-  }
+  MYRIAD_CHECK(w.scale.device() == w.q.device(), "dequantize: codes on ", w.q.device().str(),
+               ", scales on ", w.scale.device().str());
+  Tensor r = Tensor::empty({w.out(), w.in()}, DType::F32, w.q.device());
+  dequantize_kernels().get(w.q.device(), DType::F32)(w, r);
   return r;
 }
 
@@ -236,5 +223,32 @@ Tensor linear_quant_cat(const Tensor& x, const std::vector<const QuantWeight*>& 
   quant_gemm_kernels().get(x.device(), DType::F32)(few);
   return y;
 }
+
+// ---- reference kernel (also the CPU's: one pass of conversions) ----
+namespace {
+void dequantize_ref(const QuantWeight& w, Tensor& r) {
+  const auto* Q = w.q.data<uint8_t>();
+  const float* S = w.scale.data<float>();
+  float* R = r.data<float>();
+  // Group by group, so the inner loop is one scale times 32 codes (it vectorises).
+  for (int64_t g = 0, groups = w.out() * w.in() / kQuantGroup; g < groups; ++g) {
+    const float s = S[g];
+    float* o = R + g * kQuantGroup;
+    if (w.bits == 8) {
+      const uint8_t* q = Q + g * kQuantGroup;
+      for (int64_t j = 0; j < kQuantGroup; ++j)
+        o[j] = static_cast<float>(static_cast<int8_t>(q[j])) * s;
+    } else {
+      const uint8_t* q = Q + g * (kQuantGroup / 2);
+      for (int64_t j = 0; j < kQuantGroup / 2; ++j) {
+        o[j] = static_cast<float>((q[j] & 15) - 8) * s;
+        o[j + kQuantGroup / 2] = static_cast<float>((q[j] >> 4) - 8) * s;
+      }
+    }
+  }
+}
+}  // namespace
+MYRIAD_REGISTER_KERNEL(dequantize_kernels, Backend::Reference, &dequantize_ref);
+MYRIAD_REGISTER_KERNEL(dequantize_kernels, Backend::CPU, &dequantize_ref);
 
 }  // namespace myriad::ops

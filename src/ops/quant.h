@@ -37,9 +37,11 @@ struct QuantWeight {
   int64_t out() const { return q.size(0); }
   int64_t in() const { return q.size(1) * (8 / bits); }
   int64_t bytes() const;  // codes + scales
+  QuantWeight to(Device d) const { return {q.to(d), scale.to(d), bits}; }
 };
 
-// w: f32 or bf16 [out, in] with in a multiple of 32; bits 8 or 4.
+// w: f32 or bf16 [out, in] with in a multiple of 32; bits 8 or 4. The codes and scales are
+// computed on the host and land on w's device.
 QuantWeight quantize(const Tensor& w, int bits);
 inline QuantWeight quantize_int8(const Tensor& w) {
   return quantize(w, 8);
@@ -56,7 +58,10 @@ Tensor grouped_linear_quant(const Tensor& x, const std::vector<int64_t>& offsets
 // (prefill) run linear_cat on the dequantized weights.
 Tensor linear_quant_cat(const Tensor& x, const std::vector<const QuantWeight*>& w);
 
-// ---- kernel ----
+// ---- kernels ----
+// out (f32 [out, in], contiguous, on w's device) = dequantize(w).
+using DequantizeKernel = void (*)(const QuantWeight& w, Tensor& out);
+KernelTable<DequantizeKernel>& dequantize_kernels();
 // Few-row products with quantized B: every GemmArgs has trans_b, m <= kQuantStreamRows, dtype F32
 // (A and C), b pointing at codes of b_bits bits [n, k] (ldb in bytes: k or k / 2) with k a
 // multiple of 32, and b_scale at their scales [n, k / 32] (row stride k / 32), every product of

@@ -101,5 +101,32 @@ TEST_F(CudaModel, GreedyGenerationEqualsCpu) {
   EXPECT_EQ(a.ids, b.ids);
 }
 
+// Weight-only int8 / int4 on the device: a GPU model quantized in place, and the CPU model's
+// quantized copies moved with its weights, decode token by token with the CPU's quantized
+// logits (the codes are the same; the device's product sums in its own order).
+TEST_F(CudaModel, QuantizedDecodeMatchesCpu) {
+  const ModelConfig c = k3_three_layer_config();
+  for (int bits : {8, 4}) {
+    Decoder cpu = random_model(c, DType::F32, 51);
+    Decoder gpu(c, cpu.weights().to(cuda(0)));
+    EXPECT_GT(cpu.quantize(bits), 0);
+    EXPECT_GT(gpu.quantize(bits), 0);
+    Decoder moved(c, cpu.weights().to(cuda(0)));
+    NoGradGuard ng;
+    Generator gen(52);
+    const Tensor ids = gen.randint({1, 9}, 0, c.vocab_size);
+    DecodeCache cc = cpu.new_cache(), cg = gpu.new_cache(), cm = moved.new_cache();
+    for (int64_t t = 0; t < ids.size(1); ++t) {
+      const Tensor tok = ops::contiguous(ops::slice(ids, 1, t, t + 1));
+      const Tensor lc = cpu.forward(tok, &cc).logits_BTV;
+      const Tensor lg = gpu.forward(tok.to(cuda(0)), &cg).logits_BTV;
+      const Tensor lm = moved.forward(tok.to(cuda(0)), &cm).logits_BTV;
+      EXPECT_EQ(lg.device(), cuda(0));
+      EXPECT_LE(rel_diff(lg, lc), 1e-4) << bits << " bits, quantized on the device, step " << t;
+      EXPECT_LE(rel_diff(lm, lc), 1e-4) << bits << " bits, moved codes, step " << t;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace myriad::model
