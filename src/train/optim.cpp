@@ -35,9 +35,6 @@ void write_back(Tensor dst, const Tensor& host) {  // dst is a handle: copy_ wri
 
 constexpr int64_t kGrain = 1 << 14;
 
-// Σ g² in f64, the same value at any thread count: blocks of kGrain elements, each summed over 8
-// interleaved partial sums (p[i] into sum i mod 8), then the blocks' sums in order. (One serial
-// f64 chain over a 30M-parameter model's gradients took ~40 ms a step.)
 // One block's Σ g² over 8 interleaved f64 sums, per CPU clone (the baseline build ran it on
 // 2-lane SSE2 at 8 GB/s). A float's square is exact in f64, so a fused multiply-add rounds as the
 // separate multiply and add do: every clone gives the same bits.
@@ -52,6 +49,9 @@ MYRIAD_CPU_CLONES double block_sum_squares(const float* p, int64_t n) {
   return s;
 }
 
+// Σ g² in f64, the same value at any thread count: blocks of kGrain elements, each summed over 8
+// interleaved partial sums (p[i] into sum i mod 8), then the blocks' sums in order. (One serial
+// f64 chain over a 30M-parameter model's gradients took ~40 ms a step.)
 double sum_squares(const Tensor& g) {
   const Tensor h = host_f32(g);
   const float* p = h.data<float>();
