@@ -21,9 +21,12 @@
 // (int4) projections (ops/quant.h) side by side: top-1 agreement of the two over 256 positions,
 // then decode tokens/s of both, alternately, over 3 rounds. --quantize=8 (or 4) runs the figures
 // of 1. on the int8 (int4) model alone (the CLI's --quantize int8 / int4;
-// scripts/bench_vs_llamacpp.sh's q8_0 and q4_0 rows).
+// scripts/bench_vs_llamacpp.sh's q8_0 and q4_0 rows). --act=8 with int8 quantizes decode's
+// activations to int8 too (the CLI's --quantize w8a8).
+// --heldout=SHARDS (with --int8): the comparison's positions from that held-out split, with the
+// next-token loss of both models.
 //   bench_decode DIR [--ctx=1024] [--new=32] [--show=8] [--seed=1] [--batch16=1] [--int8=0]
-//                    [--quantize=0]
+//                    [--quantize=0] [--act=0] [--heldout=]
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +43,7 @@
 #include "bench_util.h"
 #include "core/autograd.h"
 #include "data/corpus.h"
+#include "data/shards.h"
 #include "infer/engine.h"
 #include "model/decoder.h"
 
@@ -160,26 +164,60 @@ double read_long(const model::Decoder& m, const data::Tokenizer& tok, infer::Eng
 }
 
 // Decode rates of one saved model (the Myriad side of scripts/bench_decode_vs_torch.sh).
+// The logits [T, V] of ids [1, T] one position at a time through a decode cache: decode's path,
+// where the quantized products stream their codes (and int8 activations apply).
+std::vector<float> step_logits(const model::Decoder& m, const std::vector<int64_t>& ids) {
+  model::DecodeCache cache = m.new_cache();
+  std::vector<float> out;
+  for (const int64_t id : ids) {
+    const std::vector<float> l =
+        m.forward(Tensor::from_ints(std::vector<int64_t>{id}, {1, 1}, DType::I64), &cache)
+            .logits_BTV.to_floats();
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  return out;
+}
+
+// Mean cross-entropy of ids[t + 1] under logits row t (t < T - 1).
+double next_token_loss(const std::vector<float>& logits, const std::vector<int64_t>& ids,
+                       int64_t V) {
+  double sum = 0;
+  for (size_t t = 0; t + 1 < ids.size(); ++t) {
+    const float* l = logits.data() + static_cast<int64_t>(t) * V;
+    const double mx = *std::max_element(l, l + V);
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(l[v] - mx);
+    sum += mx + std::log(z) - l[ids[t + 1]];
+  }
+  return sum / static_cast<double>(ids.size() - 1);
+}
+
 // The model in f32 and with int8 (bits 8) or int4 (4) projections (ops/quant.h), side by side in
-// this process: what the quantized weights change (one forward over 256 prompt positions: top-1
-// agreement and the logit difference), then decode tokens/s of both, alternating which goes
-// first, over 3 rounds.
+// this process: what the quantized weights change (256 positions through decode steps: top-1
+// agreement, the logit difference and, on held-out text, the next-token loss of both), then
+// decode tokens/s of both, alternating which goes first, over 3 rounds. heldout: a shard
+// directory whose held-out split gives the positions (else random ids).
 int quant_side_by_side(const std::string& dir, const model::Decoder& m, const data::Tokenizer& tok,
-                       int64_t ctx, int64_t new_tokens, int64_t chunk, bool batch16, int bits) {
+                       int64_t ctx, int64_t new_tokens, int64_t chunk, bool batch16, int bits,
+                       int act, const std::string& heldout) {
   model::Decoder q = model::Decoder::load(dir);
-  const int64_t n = q.quantize(bits), V = m.config().vocab_size;
-  std::printf("int%d weights: %lld tensors, %.1f MB of codes and scales\n", bits,
-              static_cast<long long>(n), q.weights().quant_bytes() / 1e6);
-  const std::vector<int32_t> ids = prompt(256, V, 7);
-  const Tensor ids_t =
-      Tensor::from_ints(std::vector<int64_t>(ids.begin(), ids.end()), {1, 256}, DType::I64);
-  const std::vector<float> f32 = m.forward(ids_t).logits_BTV.to_floats();
-  const std::vector<float> q8 = q.forward(ids_t).logits_BTV.to_floats();
+  const int64_t n = q.quantize(bits, act), V = m.config().vocab_size, T = 256;
+  std::printf("int%d weights%s: %lld tensors, %.1f MB of codes and scales\n", bits,
+              act ? ", int8 activations" : "", static_cast<long long>(n),
+              q.weights().quant_bytes() / 1e6);
+  std::vector<int64_t> ids;
+  if (heldout.empty()) {
+    for (const int32_t id : prompt(T, V, 7)) ids.push_back(id);
+  } else {
+    data::TokenStream s(heldout, "heldout", 7);
+    ids = s.next(1, T).input_ids.to_ints();
+  }
+  const std::vector<float> f32 = step_logits(m, ids), qz = step_logits(q, ids);
   int64_t agree = 0;
   double diff = 0, mag = 0, worst = 0, top = 0;
-  for (int64_t t = 0; t < 256; ++t) {
+  for (int64_t t = 0; t < T; ++t) {
     const float* a = f32.data() + t * V;
-    const float* b = q8.data() + t * V;
+    const float* b = qz.data() + t * V;
     agree += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
     for (int64_t v = 0; v < V; ++v) {
       diff += std::fabs(a[v] - b[v]), mag += std::fabs(a[v]);
@@ -188,9 +226,14 @@ int quant_side_by_side(const std::string& dir, const model::Decoder& m, const da
     }
   }
   std::printf(
-      "RESULT int%d_vs_f32 positions=256 top1_agree=%lld mean_abs_diff_over_mean_abs=%.3g "
-      "max_abs_diff_over_max_abs=%.3g\n",
-      bits, static_cast<long long>(agree), diff / mag, worst / top);
+      "RESULT int%d%s_vs_f32 decode_positions=%lld top1_agree=%lld "
+      "mean_abs_diff_over_mean_abs=%.3g max_abs_diff_over_max_abs=%.3g",
+      bits, act ? "_act8" : "", static_cast<long long>(T), static_cast<long long>(agree),
+      diff / mag, worst / top);
+  if (!heldout.empty())
+    std::printf(" heldout_loss_f32=%.4f heldout_loss_quantized=%.4f", next_token_loss(f32, ids, V),
+                next_token_loss(qz, ids, V));
+  std::printf("\n");
   infer::EngineConfig cfg;
   cfg.cache_budget_bytes = 8ll << 30;
   cfg.prefill_chunk = chunk;
@@ -217,7 +260,8 @@ int quant_side_by_side(const std::string& dir, const model::Decoder& m, const da
 }
 
 int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int64_t new_tokens,
-            int64_t chunk, int64_t show, uint64_t seed, bool batch16, int int8, int quantize) {
+            int64_t chunk, int64_t show, uint64_t seed, bool batch16, int int8, int quantize,
+            int act, const std::string& heldout) {
   namespace fs = std::filesystem;
   if (!fs::exists(fs::path(dir) / "model.safetensors")) {
     const model::Decoder r =
@@ -229,11 +273,13 @@ int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int
   }
   model::Decoder m = model::Decoder::load(dir);
   if (int8)
-    return quant_side_by_side(dir, m, tok, ctx, new_tokens, chunk, batch16, int8 == 4 ? 4 : 8);
+    return quant_side_by_side(dir, m, tok, ctx, new_tokens, chunk, batch16, int8 == 4 ? 4 : 8, act,
+                              heldout);
   if (quantize) {
-    const int64_t n = m.quantize(quantize);
-    std::printf("int%d weights: %lld tensors, %.1f MB of codes and scales\n", quantize,
-                static_cast<long long>(n), m.weights().quant_bytes() / 1e6);
+    const int64_t n = m.quantize(quantize, act);
+    std::printf("int%d weights%s: %lld tensors, %.1f MB of codes and scales\n", quantize,
+                act ? ", int8 activations" : "", static_cast<long long>(n),
+                m.weights().quant_bytes() / 1e6);
   }
   const model::ModelConfig& c = m.config();
   std::printf("model %s: %lld layers (%lld MLA), d %lld, V %lld; %lld-token prompts, %lld new\n",
@@ -303,12 +349,18 @@ int run(int argc, char** argv) {
                  quantize);
     return 2;
   }
+  const int act = static_cast<int>(take_flag(argc, argv, "act", "MYRIAD_BENCH_ACT", 0));
+  const std::string heldout = take_string(argc, argv, "heldout", "MYRIAD_BENCH_HELDOUT", "");
+  if (act != 0 && !(act == 8 && (quantize == 8 || int8 == 1 || int8 == 8))) {
+    std::fprintf(stderr, "bench_decode: --act=8 (int8 activations) goes with int8 weights\n");
+    return 2;
+  }
   NoGradGuard ng;
   std::printf("bench_decode: %s, %s, OMP threads %d\n",
               argc == 2 ? argv[1] : ("preset " + preset).c_str(),
               argc != 2       ? "f32"
               : int8          ? "f32 and quantized weights"
-              : quantize == 8 ? "int8 weights"
+              : quantize == 8 ? (act ? "int8 weights and activations" : "int8 weights")
               : quantize == 4 ? "int4 weights"
                               : "f32",
               omp_get_max_threads());
@@ -318,7 +370,8 @@ int run(int argc, char** argv) {
       data::Tokenizer::train(data::synthetic_fallback_corpus(7, 200000), 512, dir + "/t.model");
   std::filesystem::remove_all(dir);
   if (argc == 2)
-    return run_dir(argv[1], tok, ctx, new_tokens, chunk, show, seed, batch16, int8, quantize);
+    return run_dir(argv[1], tok, ctx, new_tokens, chunk, show, seed, batch16, int8, quantize, act,
+                   heldout);
 
   const model::ModelConfig hybrid = model::preset(preset);
   const model::ModelConfig mla = all_mla(hybrid);

@@ -29,12 +29,13 @@ struct Case {
   DType dtype;
   bool linear = false;  // B stored [N, K] (nn.Linear's weight): Myriad runs ops::linear
   int bits = 0;  // 8 or 4: Myriad runs ops::linear_quant on B's int8 / int4 copy; oneDNN the f32 B
+  int act = 0;   // 8: int8 activations too (w8a8)
   std::string label() const {
     return std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
            (linear ? "^T" : "");
   }
   std::string type() const {
-    return bits ? "int" + std::to_string(bits) : std::string(dtype_name(dtype));
+    return act ? "w8a8" : bits ? "int" + std::to_string(bits) : std::string(dtype_name(dtype));
   }
   double flops() const { return 2.0 * m * n * k; }
   // Myriad's bytes of B (quantized: codes + f32 scales); oneDNN's are the f32 ones.
@@ -68,7 +69,7 @@ State& state_for(const Case& c) {
     s->b = c.linear ? g.normal({c.n, c.k}, 0.0, 1.0, c.dtype)
                     : g.normal({c.k, c.n}, 0.0, 1.0, c.dtype);
     s->c = Tensor::zeros({c.m, c.n}, c.dtype);
-    if (c.bits) s->q = ops::quantize(s->b, c.bits);
+    if (c.bits) s->q = ops::quantize(s->b, c.bits, c.act);
   }
   return *s;
 }
@@ -144,11 +145,12 @@ int main(int argc, char** argv) {
                                                                    {16, 1536, 512, 1},
                                                                    {1, 65536, 512, 1}})
       cases.push_back({m, n, k, t, lin != 0});
-  // The same decode shapes with weight-only int8 and int4 B (ops/quant.h) against oneDNN's f32.
-  for (int bits : {8, 4})
+  // The same decode shapes with weight-only int8 and int4 B (ops/quant.h), and int8 B with int8
+  // activations, against oneDNN's f32.
+  for (auto [bits, act] : std::vector<std::array<int, 2>>{{8, 0}, {4, 0}, {8, 8}})
     for (auto [m, n, k] : std::vector<std::array<int64_t, 3>>{
              {1, 4096, 1024}, {4, 4096, 1024}, {16, 4096, 1024}, {1, 65536, 512}})
-      cases.push_back({m, n, k, DType::F32, true, bits});
+      cases.push_back({m, n, k, DType::F32, true, bits, act});
   // names[case][0] = Myriad's runs, [1] = oneDNN's.
   std::vector<std::array<std::vector<std::string>, 2>> names(cases.size());
   for (int r = 0; r < rounds; ++r)
@@ -178,7 +180,7 @@ int main(int argc, char** argv) {
               "oneDNN GFLOP/s", "Myriad/oneDNN", "Myriad peak", "oneDNN peak");
   std::printf(
       "(^T: B stored [N, K] as nn.Linear's weight; M <= 16 rows add the GB/s of B read;\n"
-      " int8 / int4: Myriad's linear_quant on quantized B against oneDNN's f32 B)\n");
+      " int8 / int4 / w8a8: Myriad's linear_quant on quantized B against oneDNN's f32 B)\n");
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     double my = collector.best(names[i][0], "FLOPS") * 1e-9;

@@ -68,6 +68,23 @@ inline double take_flag(int& argc, char** argv, const char* name, const char* en
   return v;
 }
 
+// The same for a string flag "--name=value" (else `env`, else `fallback`).
+inline std::string take_string(int& argc, char** argv, const char* name, const char* env,
+                               const std::string& fallback) {
+  const std::string prefix = std::string("--") + name + "=";
+  std::string v = fallback;
+  if (const char* e = std::getenv(env)) v = e;
+  int w = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], prefix.c_str(), prefix.size()) == 0)
+      v = argv[i] + prefix.size();
+    else
+      argv[w++] = argv[i];
+  }
+  argc = w;
+  return v;
+}
+
 // The first "cpu MHz" of /proc/cpuinfo (the nominal clock as the kernel reports it), 0 if none.
 inline double cpu_mhz() {
   std::ifstream f("/proc/cpuinfo");

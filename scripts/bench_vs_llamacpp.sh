@@ -8,12 +8,14 @@
 #
 # Environment: THREADS (2), REPS (2: each figure is the best of REPS runs), QUICK=1 (short
 # contexts: a smoke run of a few minutes), OUT (build/peers/bench), MYRIAD_BUILD (build/release,
-# configured with --preset release when missing), FORMATS ("f32 q8_0 q4_0").
+# configured with --preset release when missing), FORMATS ("f32 q8_0 w8a8 q4_0").
 #
 # q8_0: llama.cpp's converter writes q8_0 weights (int8 codes, one f16 scale per 32 weights), and
 # Myriad runs the same f32 checkpoint with weight-only int8 (bench_decode --quantize=8, the CLI's
 # --quantize int8: int8 codes, one f32 scale per 32 weights; embedding, router and MLA's kv_b stay
-# f32). q4_0: the f32 GGUF rewritten by libllama's llama_model_quantize (tools/peers/
+# f32). w8a8: the same q8_0 GGUF's llama.cpp figures against Myriad's --quantize w8a8 (int8
+# weights, and decode's products quantize their activations to int8 per 32 as llama.cpp's q8_0 dot
+# product does; decode rows only, prefill being int8's). q4_0: the f32 GGUF rewritten by libllama's llama_model_quantize (tools/peers/
 # llama_quantize.cpp; every weight q4_0, 4-bit codes with one f16 scale per 32), against Myriad's
 # --quantize int4 (the same q4_0 rule, f32 scales). Rows: prefill of the short prompt, batch-1
 # decode and 16 sequences at the short context. llama.cpp runs them without its CPU weight
@@ -43,7 +45,7 @@ THREADS="${THREADS:-2}"
 REPS="${REPS:-2}"
 OUT="${OUT:-$ROOT/build/peers/bench}"
 MODELS=("$@")
-FORMATS="${FORMATS:-f32 q8_0 q4_0}"
+FORMATS="${FORMATS:-f32 q8_0 w8a8 q4_0}"
 (( ${#MODELS[@]} )) || MODELS=(k3 kimi-linear deepseek-v3)
 if [[ "${QUICK:-0}" == 1 ]]; then
   P_SHORT=128 P_LONG=512 D_SHORT=256 D_LONG=1024 NEW=16
@@ -87,9 +89,9 @@ record() {  # model, then the engine's output on stdin
 }
 
 # Myriad: bench_decode DIR (prefill of one prompt, batch 1, and optionally 16 sequences).
-run_myriad() {  # label dir ctx new batch16 [quantize]
+run_myriad() {  # label dir ctx new batch16 [quantize [act]]
   OMP_NUM_THREADS="$THREADS" "$BENCH_DECODE" "$2" --ctx="$3" --new="$4" --batch16="$5" --show=0 \
-    --quantize="${6:-0}" | record "$1"
+    --quantize="${6:-0}" --act="${7:-0}" | record "$1"
 }
 # llama.cpp: tools/peers/llama_speed.cpp (prefill of one prompt, then PARALLEL sequences).
 run_llama() {  # label gguf ctx new parallel [extra flag]
@@ -180,6 +182,9 @@ for m in "${MODELS[@]}"; do
           bits=8; [[ $f == q4_0 ]] && bits=4
           run_myriad "$m/$f" "$dir" "$P_SHORT" 8 0 "$bits"
           run_myriad "$m/$f" "$dir" "$D_SHORT" "$NEW" 1 "$bits"
+          if [[ $f == q8_0 && " $FORMATS " == *" w8a8 "* ]]; then
+            run_myriad "$m/w8a8" "$dir" "$D_SHORT" "$NEW" 1 8 8
+          fi
         done
       else
         if [[ " $FORMATS " == *" f32 "* ]]; then
@@ -200,6 +205,7 @@ for m in "${MODELS[@]}"; do
 done
 labels=()
 for m in "${MODELS[@]}"; do for f in $FORMATS; do labels+=("$m/$f"); done; done
+# (w8a8 rows: Myriad's w8a8 against llama.cpp's q8_0)
 
 # 6. The table: best of REPS for each engine, and the ratio.
 {
@@ -210,10 +216,11 @@ for m in "${MODELS[@]}"; do for f in $FORMATS; do labels+=("$m/$f"); done; done
   awk -F'\t' -v ps="$P_SHORT" -v pl="$P_LONG" -v ds="$D_SHORT" -v dl="$D_LONG" '
     { k = $2 SUBSEP $3 SUBSEP $4; if ($5 > best[$1, k]) best[$1, k] = $5; models[$2] = 1 }
     function row(m, metric, ctx, label,   a, b) {
-      a = best["myriad", m SUBSEP metric SUBSEP ctx]; b = best["llama.cpp", m SUBSEP metric SUBSEP ctx]
+      lm = m; sub(/\/w8a8$/, "/q8_0", lm)
+      a = best["myriad", m SUBSEP metric SUBSEP ctx]; b = best["llama.cpp", lm SUBSEP metric SUBSEP ctx]
       if (a == "" || b == "") return
       split(m, mf, "/")
-      printf "| %s | %s | %s | %.1f | %.1f | %.2f |\n", mf[1], mf[2] == "q8_0" ? "q8_0 / int8" : mf[2] == "q4_0" ? "q4_0 / int4" : mf[2], label, a, b, a / b
+      printf "| %s | %s | %s | %.1f | %.1f | %.2f |\n", mf[1], mf[2] == "q8_0" ? "q8_0 / int8" : mf[2] == "w8a8" ? "q8_0 / w8a8" : mf[2] == "q4_0" ? "q4_0 / int4" : mf[2], label, a, b, a / b
     }
     END {
       n = split(order, ms, " ")

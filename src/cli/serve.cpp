@@ -66,9 +66,11 @@ void add_infer_commands(CLI::App& app, InferArgs& a) {
     c->add_option("--dtype", a.dtype, "weights dtype: f32 or bf16")
         ->check(CLI::IsMember({"f32", "bf16"}));
     c->add_option("--quantize", a.quantize,
-                  "weight-only quantization of the projections and LM head for decoding: none, "
-                  "int8 or int4 (8- or 4-bit codes, one f32 scale per 32 weights)")
-        ->check(CLI::IsMember({"none", "int8", "int4"}));
+                  "quantization of the projections and LM head for decoding: none, int8 or int4 "
+                  "(weight-only: 8- or 4-bit codes, one f32 scale per 32 weights), or w8a8 (int8 "
+                  "weights, and decode's products quantize their activations to int8 per 32 too, "
+                  "as llama.cpp's q8_0 does)")
+        ->check(CLI::IsMember({"none", "int8", "int4", "w8a8"}));
     c->add_option("--max-batch", a.max_batch, "sequences decoded together")
         ->check(CLI::Range(1, 4096));
     c->add_option("--cache-budget", a.cache_budget,
@@ -175,7 +177,7 @@ Loaded load(const InferArgs& a) {
                                       " is outside the tokenizer's vocabulary of ",
                                       l.tok.vocab_size()));
   if (a.quantize != "none") {
-    const int64_t n = l.model.quantize(a.quantize == "int4" ? 4 : 8);
+    const int64_t n = l.model.quantize(a.quantize == "int4" ? 4 : 8, a.quantize == "w8a8" ? 8 : 0);
     std::fprintf(stderr, "%s: %lld weights quantized (%.1f MB of codes and scales)\n",
                  a.quantize.c_str(), static_cast<long long>(n),
                  l.model.weights().quant_bytes() / 1e6);

@@ -104,7 +104,7 @@ Decoder Decoder::load(const std::string& dir, DType dtype) {
   return Decoder(c, Weights::load(dir, param_specs(c), dtype));
 }
 
-int64_t Decoder::quantize(int bits) {
+int64_t Decoder::quantize(int bits, int act_bits) {
   const auto ends = [](const std::string& s, std::string_view e) {
     return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
   };
@@ -122,7 +122,7 @@ int64_t Decoder::quantize(int bits) {
       continue;
     names.push_back(n);
   }
-  weights_->quantize(names, bits);
+  weights_->quantize(names, bits, act_bits);
   return static_cast<int64_t>(names.size());
 }
 

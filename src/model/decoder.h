@@ -64,8 +64,9 @@ class Decoder {
   // Weight-only int8 or int4 for inference (ops/quant.h, bits 8 or 4): quantized copies of every
   // projection whose input dimension is a multiple of 32 and of the LM head. Not the embedding (a
   // row lookup), the router, AttnRes' vectors, or MLA's kv_b_proj (decode absorbs it into the
-  // queries). Returns how many weights were quantized.
-  int64_t quantize(int bits = 8);
+  // queries). act_bits 8 (with bits 8): decode's products quantize their activations to int8
+  // per 32 too ("w8a8", ops/quant.h). Returns how many weights were quantized.
+  int64_t quantize(int bits = 8, int act_bits = 0);
 
   // ids [B, T] (i32/i64). With a cache, continues from it and extends it.
   ForwardOutput forward(const Tensor& ids_BT, DecodeCache* cache = nullptr,

@@ -220,8 +220,9 @@ void Weights::save(const std::string& path) const {
   safetensors::save(path, m);
 }
 
-void Weights::quantize(const std::vector<std::string>& names, int bits) {
-  for (const std::string& n : names) quant_.insert_or_assign(n, ops::quantize(get(n), bits));
+void Weights::quantize(const std::vector<std::string>& names, int bits, int act_bits) {
+  for (const std::string& n : names)
+    quant_.insert_or_assign(n, ops::quantize(get(n), bits, act_bits));
 }
 
 const ops::QuantWeight* Weights::quant(const std::string& name) const {

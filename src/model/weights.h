@@ -76,10 +76,11 @@ class Weights {
   // Writes the store in checkpoint layout to `path` (a .safetensors file).
   void save(const std::string& path) const;
 
-  // Inference with weight-only int8 or int4 (ops/quant.h, bits 8 or 4): a quantized copy of each
-  // named [out, in] weight, which project() then uses. The f32/bf16 tensors stay: training, export
-  // and the ops that read a weight directly (MLA's absorbed decode) use them.
-  void quantize(const std::vector<std::string>& names, int bits);
+  // Inference with weight-only int8 or int4 (ops/quant.h, bits 8 or 4; act_bits 8 with int8:
+  // int8 activations in decode's products too): a quantized copy of each named [out, in] weight,
+  // which project() then uses. The f32/bf16 tensors stay: training, export and the ops that read a
+  // weight directly (MLA's absorbed decode) use them.
+  void quantize(const std::vector<std::string>& names, int bits, int act_bits = 0);
   const ops::QuantWeight* quant(const std::string& name) const;  // nullptr: none
   int64_t quant_bytes() const;                                   // codes + scales of all copies
 

@@ -43,9 +43,11 @@ struct GemmArgs {
   float alpha = 1.0f, beta = 0.0f;
   DType dtype = DType::F32;
   // Quantized B (ops/quant.h, quant_gemm_kernels only): one f32 scale per 32 elements of a row of
-  // B, codes of b_bits bits (8 or 4).
+  // B, codes of b_bits bits (8 or 4). a_bits 8: the kernel quantizes A's rows to int8 per 32
+  // elements and multiplies codes by codes (QuantWeight::act_bits); 0: A is multiplied as f32.
   const float* b_scale = nullptr;
   int b_bits = 8;
+  int a_bits = 0;
   Device device;
 };
 using GemmKernel = void (*)(const GemmArgs& args);

@@ -24,19 +24,22 @@ int64_t QuantWeight::bytes() const {
   return q.numel() + scale.numel() * static_cast<int64_t>(sizeof(float));
 }
 
-QuantWeight quantize(const Tensor& w, int bits) {
+QuantWeight quantize(const Tensor& w, int bits, int act_bits) {
   check_inputs("quantize", {&w});
   MYRIAD_CHECK(bits == 8 || bits == 4, "quantize: bits must be 8 or 4, got ", bits);
+  MYRIAD_CHECK(act_bits == 0 || (act_bits == 8 && bits == 8),
+               "quantize: activation bits must be 0 (f32) or, with 8-bit weights, 8; got ",
+               act_bits, " with ", bits, "-bit weights");
   MYRIAD_CHECK(w.dtype() == DType::F32 || w.dtype() == DType::BF16,
                "quantize: expected an f32 or bf16 weight, got ", w.desc());
   check_dim("quantize", w, 2);
-  if (!w.device().is_cpu()) return quantize(w.to(kCPU), bits).to(w.device());
+  if (!w.device().is_cpu()) return quantize(w.to(kCPU), bits, act_bits).to(w.device());
   const int64_t out = w.size(0), in = w.size(1), groups = in / kQuantGroup;
   MYRIAD_CHECK(in % kQuantGroup == 0, "quantize: the input dimension of ", w.desc(),
                " is not a multiple of ", kQuantGroup);
   const Tensor wf = w.detach().to(DType::F32).contiguous();
   QuantWeight r{Tensor::empty({out, in * bits / 8}, DType::U8),
-                Tensor::empty({out, groups}, DType::F32), bits};
+                Tensor::empty({out, groups}, DType::F32), bits, act_bits};
   const float* W = wf.data<float>();
   auto* Q = r.q.data<uint8_t>();
   float* S = r.scale.data<float>();
@@ -68,15 +71,15 @@ QuantWeight quantize(const Tensor& w, int bits) {
 
 namespace {
 void check_weight(const char* op, const QuantWeight& w) {
-  MYRIAD_CHECK((w.bits == 8 || w.bits == 4) && w.q.defined() && w.scale.defined() &&
-                   w.q.dtype() == DType::U8 && w.scale.dtype() == DType::F32 && w.q.dim() == 2 &&
-                   w.scale.dim() == 2 && w.q.is_contiguous() && w.scale.is_contiguous() &&
-                   w.in() % kQuantGroup == 0 && w.scale.size(0) == w.q.size(0) &&
-                   w.scale.size(1) == w.in() / kQuantGroup,
-               op, ": not a quantized weight (", w.bits, "-bit codes u8 [out, in · bits / 8], ",
-               "scales f32 [out, in / ", kQuantGroup,
-               "]): ", w.q.defined() ? w.q.desc() : "undefined", ", ",
-               w.scale.defined() ? w.scale.desc() : "undefined");
+  MYRIAD_CHECK(
+      (w.bits == 8 || w.bits == 4) && (w.act_bits == 0 || (w.act_bits == 8 && w.bits == 8)) &&
+          w.q.defined() && w.scale.defined() && w.q.dtype() == DType::U8 &&
+          w.scale.dtype() == DType::F32 && w.q.dim() == 2 && w.scale.dim() == 2 &&
+          w.q.is_contiguous() && w.scale.is_contiguous() && w.in() % kQuantGroup == 0 &&
+          w.scale.size(0) == w.q.size(0) && w.scale.size(1) == w.in() / kQuantGroup,
+      op, ": not a quantized weight (", w.bits, "-bit codes u8 [out, in · bits / 8], ",
+      "scales f32 [out, in / ", kQuantGroup, "]): ", w.q.defined() ? w.q.desc() : "undefined", ", ",
+      w.scale.defined() ? w.scale.desc() : "undefined");
 }
 
 void check_x(const char* op, const Tensor& x, const QuantWeight& w, int64_t rank) {
@@ -100,6 +103,7 @@ GemmArgs stream_args(const Tensor& x2, int64_t r0, int64_t r1, const QuantWeight
   a.b = w.q.data_ptr();
   a.b_scale = w.scale.data<float>();
   a.b_bits = w.bits;
+  a.a_bits = w.act_bits;
   a.c = y2.data<float>() + r0 * w.out();
   a.lda = w.in(), a.ldb = w.q.size(1), a.ldc = w.out();
   a.dtype = DType::F32, a.device = x2.device();
@@ -143,10 +147,11 @@ Tensor grouped_linear_quant(const Tensor& x, const std::vector<int64_t>& offsets
   for (const QuantWeight* wg : w) {
     MYRIAD_CHECK(wg, op, ": a null weight");
     check_weight(op, *wg);
-    MYRIAD_CHECK(wg->out() == w[0]->out() && wg->in() == w[0]->in() && wg->bits == w[0]->bits, op,
-                 ": weight [", wg->out(), ", ", wg->in(), "] (", wg->bits,
-                 " bits) differs from the first, [", w[0]->out(), ", ", w[0]->in(), "] (",
-                 w[0]->bits, " bits)");
+    MYRIAD_CHECK(wg->out() == w[0]->out() && wg->in() == w[0]->in() && wg->bits == w[0]->bits &&
+                     wg->act_bits == w[0]->act_bits,
+                 op, ": weight [", wg->out(), ", ", wg->in(), "] (", wg->bits,
+                 " bits, activations ", wg->act_bits, ") differs from the first, [", w[0]->out(),
+                 ", ", w[0]->in(), "] (", w[0]->bits, " bits, activations ", w[0]->act_bits, ")");
   }
   check_x(op, x, *w[0], 2);
   MYRIAD_CHECK(
@@ -194,8 +199,9 @@ Tensor linear_quant_cat(const Tensor& x, const std::vector<const QuantWeight*>& 
   for (const QuantWeight* wi : w) {
     MYRIAD_CHECK(wi, op, ": a null weight");
     check_weight(op, *wi);
-    MYRIAD_CHECK(wi->bits == w[0]->bits, op, ": weights of ", w[0]->bits, " and ", wi->bits,
-                 " bits");
+    MYRIAD_CHECK(wi->bits == w[0]->bits && wi->act_bits == w[0]->act_bits, op, ": weights of ",
+                 w[0]->bits, " and ", wi->bits, " bits (activations ", w[0]->act_bits, " and ",
+                 wi->act_bits, " bits)");
     check_x(op, x, *wi, 0);
     at.push_back(total);
     total += wi->out();
@@ -224,7 +230,7 @@ Tensor linear_quant_cat(const Tensor& x, const std::vector<const QuantWeight*>& 
   return y;
 }
 
-// ---- reference kernel (also the CPU's: one pass of conversions) ----
+// ---- reference kernels (dequantize is also the CPU's: one pass of conversions) ----
 namespace {
 void dequantize_ref(const QuantWeight& w, Tensor& r) {
   const auto* Q = w.q.data<uint8_t>();
@@ -247,7 +253,78 @@ void dequantize_ref(const QuantWeight& w, Tensor& r) {
     }
   }
 }
+
+// Element e of row j of B as its code (int8, or int4 minus 8).
+int code(const GemmArgs& g, int64_t j, int64_t e) {
+  const auto* row = static_cast<const uint8_t*>(g.b) + j * g.ldb;
+  if (g.b_bits == 8) return static_cast<int8_t>(row[e]);
+  const uint8_t b = row[e / kQuantGroup * (kQuantGroup / 2) + e % (kQuantGroup / 2)];
+  return (e % kQuantGroup < kQuantGroup / 2 ? b & 15 : b >> 4) - 8;
+}
+
+// One row of A quantized per group of 32 by the int8 rule (ops/quant.h): codes and group scales.
+void quantize_row(const float* x, int64_t k, std::vector<int>& q, std::vector<float>& s) {
+  q.assign(static_cast<size_t>(k), 0);
+  s.assign(static_cast<size_t>(k / kQuantGroup), 0.0f);
+  for (int64_t g = 0; g < k / kQuantGroup; ++g) {
+    float amax = 0;
+    for (int64_t e = g * kQuantGroup; e < (g + 1) * kQuantGroup; ++e)
+      amax = std::max(amax, std::fabs(x[e]));
+    const float xs = amax / 127.0f;
+    s[static_cast<size_t>(g)] = xs;
+    if (xs == 0.0f || !std::isfinite(xs)) continue;  // codes 0 (a non-finite scale gives NaN)
+    for (int64_t e = g * kQuantGroup; e < (g + 1) * kQuantGroup; ++e)
+      q[static_cast<size_t>(e)] =
+          static_cast<int>(std::clamp(std::nearbyint(x[e] / xs), -127.0f, 127.0f));
+  }
+}
+
+void quant_gemm_ref(const std::vector<GemmArgs>& gs) {
+  std::vector<int> xq;
+  std::vector<float> xs;
+  for (const GemmArgs& g : gs) {
+    MYRIAD_CHECK(g.trans_b && g.dtype == DType::F32 && g.b_scale && g.k % kQuantGroup == 0 &&
+                     (g.b_bits == 8 || g.b_bits == 4) && (g.a_bits == 0 || g.a_bits == 8) &&
+                     g.batch == 1,
+                 "quant_gemm: the reference takes f32 A against codes [n, k], got ", g.b_bits,
+                 "-bit codes, ", g.a_bits, "-bit activations, batch ", g.batch);
+    const int64_t groups = g.k / kQuantGroup;
+    for (int64_t r = 0; r < g.m; ++r) {
+      const float* x = static_cast<const float*>(g.a) + r * g.lda;
+      if (g.a_bits == 8) quantize_row(x, g.k, xq, xs);
+      for (int64_t j = 0; j < g.n; ++j) {
+        const float* ws = g.b_scale + j * groups;
+        float y = 0;
+        if (g.a_bits == 0) {
+          double sum = 0;
+          for (int64_t e = 0; e < g.k; ++e)
+            sum += static_cast<double>(x[e]) *
+                   (static_cast<float>(code(g, j, e)) * ws[e / kQuantGroup]);
+          y = static_cast<float>(sum);
+        } else {
+          float acc[16] = {};
+          for (int64_t b = 0; b < (g.k + 63) / 64; ++b)
+            for (int l = 0; l < 16; ++l) {
+              const int64_t grp = 2 * b + l / 8, e0 = 64 * b + 4 * l;
+              int p = 0;
+              float sc = 0;
+              if (grp < groups) {
+                for (int64_t e = e0; e < e0 + 4; ++e)
+                  p += xq[static_cast<size_t>(e)] * code(g, j, e);
+                sc = xs[static_cast<size_t>(grp)] * ws[grp];
+              }
+              acc[l] = std::fma(static_cast<float>(p), sc, acc[l]);
+            }
+          for (float a : acc) y += a;
+        }
+        float* c = static_cast<float*>(g.c) + r * g.ldc + j;
+        *c = g.beta == 0.0f ? g.alpha * y : g.alpha * y + g.beta * *c;
+      }
+    }
+  }
+}
 }  // namespace
+MYRIAD_REGISTER_KERNEL(quant_gemm_kernels, Backend::Reference, &quant_gemm_ref);
 MYRIAD_REGISTER_KERNEL(dequantize_kernels, Backend::Reference, &dequantize_ref);
 MYRIAD_REGISTER_KERNEL(dequantize_kernels, Backend::CPU, &dequantize_ref);
 

@@ -17,6 +17,16 @@
 // kQuantStreamRows rows of x stream the codes through the few-row GEMM (dequantizing each group in
 // registers with the f32 kernel's sum order) and more rows (prefill) dequantize the weight once
 // and run the f32 GEMM. No gradient: quantized weights are for inference.
+//
+// int8 activations (act_bits 8, int8 weights; "w8a8", what llama.cpp's q8_0 dot product does):
+// the streamed products (up to kQuantStreamRows rows; prefill stays as above) also quantize each
+// row of x per group of 32 by the int8 rule, xs[r, g] = max |x[r, g]| / 127 and
+// xq = clamp(round_half_even(x / xs)), and multiply codes by codes in integers. The sum order is
+// part of the definition (every backend gives its bits): lane l of 16 takes, in every block of 64
+// elements b, the integer sum p of xq·q over elements 64 b + 4 l .. 64 b + 4 l + 3 and
+//   acc[l] = fma(float(p), xs[r, g] · scale[j, g], acc[l])     (g = 2 b + l / 8, the group)
+// from acc = 0, and y[r, j] is the 16 lanes added in order (a missing last group adds fma(0, 0,
+// acc)). On a CPU with AVX512-VNNI one vpdpbusd does 64 of the multiply-adds.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -31,18 +41,19 @@ constexpr int64_t kQuantGroup = 32;             // elements of a row per scale
 constexpr int64_t kQuantStreamRows = kFewRows;  // rows of x up to which the codes are streamed
 
 struct QuantWeight {
-  Tensor q;      // U8 [out, in] (int8) or [out, in / 2] (int4): the codes
-  Tensor scale;  // F32 [out, in / 32]
-  int bits = 8;  // 8 or 4
+  Tensor q;          // U8 [out, in] (int8) or [out, in / 2] (int4): the codes
+  Tensor scale;      // F32 [out, in / 32]
+  int bits = 8;      // 8 or 4
+  int act_bits = 0;  // 0: x multiplies as f32 (weight-only); 8: x as int8 codes (bits 8 only)
   int64_t out() const { return q.size(0); }
   int64_t in() const { return q.size(1) * (8 / bits); }
   int64_t bytes() const;  // codes + scales
-  QuantWeight to(Device d) const { return {q.to(d), scale.to(d), bits}; }
+  QuantWeight to(Device d) const { return {q.to(d), scale.to(d), bits, act_bits}; }
 };
 
-// w: f32 or bf16 [out, in] with in a multiple of 32; bits 8 or 4. The codes and scales are
-// computed on the host and land on w's device.
-QuantWeight quantize(const Tensor& w, int bits);
+// w: f32 or bf16 [out, in] with in a multiple of 32; bits 8 or 4; act_bits 0 or (with bits 8) 8.
+// The codes and scales are computed on the host and land on w's device.
+QuantWeight quantize(const Tensor& w, int bits, int act_bits = 0);
 inline QuantWeight quantize_int8(const Tensor& w) {
   return quantize(w, 8);
 }
@@ -65,7 +76,8 @@ KernelTable<DequantizeKernel>& dequantize_kernels();
 // Few-row products with quantized B: every GemmArgs has trans_b, m <= kQuantStreamRows, dtype F32
 // (A and C), b pointing at codes of b_bits bits [n, k] (ldb in bytes: k or k / 2) with k a
 // multiple of 32, and b_scale at their scales [n, k / 32] (row stride k / 32), every product of
-// one format. All run as one unit of work.
+// one format (b_bits and a_bits; a_bits 8 with batch 1). All run as one unit of work. The
+// reference kernel: f32 A in f64 sums (a_bits 0), the int8 definition above (a_bits 8).
 using QuantGemmKernel = void (*)(const std::vector<GemmArgs>& groups);
 KernelTable<QuantGemmKernel>& quant_gemm_kernels();
 

@@ -1,6 +1,8 @@
 // Weight-only int8 and int4 (ops/quant.h): quantization by hand and its error bound, the
 // streamed few-row product against the f32 product on the dequantized weight (bit for bit, both
-// vector widths), against the reference, the grouped and concatenated forms, and the errors.
+// vector widths), against the reference, the grouped and concatenated forms, and the errors; int8
+// activations against their reference (bit for bit, every kernel), by hand and within their
+// error bound.
 #include <cmath>
 
 #include "backend/cpu/cpu.h"
@@ -172,30 +174,39 @@ TEST(Quant, MatchesTheReferenceAndKeepsLeadingDims) {
   }
 }
 
-// Every group as its own linear_quant, with empty groups, a one-token group and a group over the
-// streamed row count in one call (which then runs grouped_linear on the dequantized weights).
+// The formats: (weight bits, activation bits).
+const std::vector<std::pair<int, int>> kFormats = {{8, 0}, {4, 0}, {8, 8}};
+
+// Every group as its own linear_quant, with empty groups and a one-token group in one call; with
+// a group over the streamed row count the call runs grouped_linear on the dequantized weights
+// (every group: f32 activations in every format).
 TEST(Quant, GroupedEqualsOneProductPerGroup) {
-  for (int bits : {8, 4}) {
-    std::vector<ops::QuantWeight> ws;
-    for (int g = 0; g < 5; ++g) ws.push_back(ops::quantize(randn({24, 64}, 20 + g, 0.1), bits));
-    std::vector<const ops::QuantWeight*> wp;
-    for (const auto& w : ws) wp.push_back(&w);
-    const std::vector<int64_t> offsets = {0, 0, 1, 4, 4, 25};
-    const Tensor x = randn({25, 64}, 30);
-    const std::vector<float> y = ops::grouped_linear_quant(x, offsets, wp).to_floats();
-    ASSERT_EQ(y.size(), 25u * 24);
-    for (size_t g = 0; g < ws.size(); ++g) {
-      if (offsets[g] == offsets[g + 1]) continue;
-      const std::vector<float> e =
-          ops::linear_quant(ops::slice(x, 0, offsets[g], offsets[g + 1]), ws[g]).to_floats();
-      const std::vector<float> got(y.begin() + offsets[g] * 24, y.begin() + offsets[g + 1] * 24);
-      if (offsets[g + 1] - offsets[g] <= ops::kQuantStreamRows) {
-        EXPECT_EQ(got, e) << "group " << g;
-      } else {  // grouped_linear's oneDNN primitive of any row count: equal values, not bits
-        for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(got[i], e[i], 1e-5) << "group " << g;
+  for (const auto& [bits, act] : kFormats)
+    for (int64_t rows : {9, 25}) {
+      std::vector<ops::QuantWeight> ws;
+      for (int g = 0; g < 5; ++g)
+        ws.push_back(ops::quantize(randn({24, 64}, 20 + g, 0.1), bits, act));
+      std::vector<const ops::QuantWeight*> wp;
+      for (const auto& w : ws) wp.push_back(&w);
+      const std::vector<int64_t> offsets = {0, 0, 1, 4, 4, rows};
+      const bool streamed = rows - 4 <= ops::kQuantStreamRows;
+      const Tensor x = randn({rows, 64}, 30);
+      const std::vector<float> y = ops::grouped_linear_quant(x, offsets, wp).to_floats();
+      ASSERT_EQ(y.size(), static_cast<size_t>(rows) * 24);
+      for (size_t g = 0; g < ws.size(); ++g) {
+        if (offsets[g] == offsets[g + 1]) continue;
+        const ops::QuantWeight one{ws[g].q, ws[g].scale, bits, streamed ? act : 0};
+        const std::vector<float> e =
+            ops::linear_quant(ops::slice(x, 0, offsets[g], offsets[g + 1]), one).to_floats();
+        const std::vector<float> got(y.begin() + offsets[g] * 24, y.begin() + offsets[g + 1] * 24);
+        if (offsets[g + 1] - offsets[g] <= ops::kQuantStreamRows) {
+          EXPECT_EQ(got, e) << "group " << g << " bits " << bits << " act " << act << " rows "
+                            << rows;
+        } else {  // grouped_linear's oneDNN primitive of any row count: equal values, not bits
+          for (size_t i = 0; i < e.size(); ++i) EXPECT_NEAR(got[i], e[i], 1e-5) << "group " << g;
+        }
       }
     }
-  }
   // One format per call.
   const ops::QuantWeight a = ops::quantize(randn({8, 64}, 1), 8),
                          b = ops::quantize(randn({8, 64}, 2), 4);
@@ -209,16 +220,27 @@ TEST(Quant, GroupedEqualsOneProductPerGroup) {
         ops::linear_quant_cat(Tensor::zeros({2, 64}), {&a, &b});
       },
       {"linear_quant_cat", "bits"});
+  const ops::QuantWeight a8 = ops::quantize(randn({8, 64}, 1), 8, 8);
+  expect_error(
+      [&] {
+        ops::grouped_linear_quant(Tensor::zeros({2, 64}), {0, 1, 2}, {&a, &a8});
+      },
+      {"grouped_linear_quant", "activations"});
+  expect_error(
+      [&] {
+        ops::linear_quant_cat(Tensor::zeros({2, 64}), {&a8, &a});
+      },
+      {"linear_quant_cat", "activations"});
 }
 
 // linear_quant_cat with a leading batch dimension: streamed (up to kQuantStreamRows rows), the bits
 // of linear_quant per weight, concatenated; above, the bits of linear_cat on the dequantized
 // weights.
 TEST(Quant, CatEqualsConcatenatedProducts) {
-  for (int bits : {8, 4}) {
+  for (const auto& [bits, act] : kFormats) {
     std::vector<ops::QuantWeight> ws;
     for (int64_t out : {24, 3, 40})
-      ws.push_back(ops::quantize(randn({out, 64}, 40 + out, 0.1), bits));
+      ws.push_back(ops::quantize(randn({out, 64}, 40 + out, 0.1), bits, act));
     std::vector<const ops::QuantWeight*> wp;
     for (const auto& w : ws) wp.push_back(&w);
     for (int64_t rows : {1, 5, 8, 16, 20}) {  // 2, 10 and 16 rows stream; 32 and 40 do not
@@ -230,7 +252,8 @@ TEST(Quant, CatEqualsConcatenatedProducts) {
           2 * rows <= ops::kQuantStreamRows ? ops::concat(parts, -1) : ops::linear_cat(x, deq);
       const Tensor y = ops::linear_quant_cat(x, wp);
       EXPECT_EQ(y.shape(), Shape({2, rows, 67}));
-      EXPECT_EQ(y.to_floats(), want.to_floats()) << "bits " << bits << " rows " << rows;
+      EXPECT_EQ(y.to_floats(), want.to_floats())
+          << "bits " << bits << " act " << act << " rows " << rows;
     }
   }
   std::vector<ops::QuantWeight> ws;
@@ -247,6 +270,102 @@ TEST(Quant, CatEqualsConcatenatedProducts) {
         ops::linear_quant_cat(Tensor::zeros({2, 32}), wp);
       },
       {"linear_quant_cat", "input features differ"});
+}
+
+// int8 activations: the kernels (AVX512-VNNI at 16 lanes where the CPU has it, AVX2 at 8, the
+// plain code in sanitizer builds) give the reference's bits at every streamed row count, ragged n,
+// k with an odd group count (a half last block), a zero group (scale 0) and an outlier; more rows
+// than stream run the f32 product on the dequantized weight.
+TEST(Quant, Int8ActivationsMatchTheReferenceBitForBit) {
+  uint64_t seed = 70;
+  for (int64_t k : {32, 96, 544, 1024})
+    for (int64_t n : {1, 7, 300}) {
+      const ops::QuantWeight q = ops::quantize(randn({n, k}, seed++, 0.1), 8, 8);
+      for (int64_t m : {1, 2, 5, 16, 17}) {
+        Tensor x = randn({m, k}, seed++);
+        if (k >= 96) {  // row 0: group 1 all zero, an outlier in group 2
+          std::vector<float> v = x.to_floats();
+          for (int64_t e = 32; e < 64; ++e) v[static_cast<size_t>(e)] = 0;
+          v[70] = 40;
+          x = Tensor::from_floats(v, {m, k});
+        }
+        if (m > ops::kQuantStreamRows) {
+          const ops::QuantWeight w8{q.q, q.scale, 8, 0};
+          EXPECT_EQ(ops::linear_quant(x, q).to_floats(), ops::linear_quant(x, w8).to_floats());
+          continue;
+        }
+        Tensor want;
+        {
+          ops::ReferenceMode ref;
+          want = ops::linear_quant(x, q);
+        }
+        for (int lanes : {8, 16}) {
+          cpu::force_lanes(lanes);
+          EXPECT_EQ(ops::linear_quant(x, q).to_floats(), want.to_floats())
+              << "m " << m << " n " << n << " k " << k << " lanes " << lanes;
+        }
+        cpu::force_lanes(0);
+      }
+    }
+}
+
+// By hand: x and w exact multiples of their scales (0.01 and 0.02, one ±127 code per group), so
+// the codes are exact and y is the integer dot times 2e-4; and on random inputs the error against
+// the f32 product on the dequantized weight is within the activations' half steps,
+// |y - x·w'| <= sum_g xs_g / 2 · sum_{e in g} |w'_e| (plus f32 rounding), and not zero.
+TEST(Quant, Int8ActivationsByHandAndWithinHalfAStep) {
+  std::vector<double> xv(64), wv(64);
+  int64_t dot = 0;
+  for (int e = 0; e < 64; ++e) {
+    const int a = e % 2 ? 127 - 3 * e : -e, b = e % 3 ? 5 - e : 127 - e;
+    const int ax = e == 0 || e == 32 ? 127 : a, bw = e == 0 || e == 32 ? -127 : b;
+    xv[static_cast<size_t>(e)] = 0.01 * ax, wv[static_cast<size_t>(e)] = 0.02 * bw;
+    dot += int64_t{ax} * bw;
+  }
+  const ops::QuantWeight q = ops::quantize(Tensor::from_doubles(wv, {1, 64}), 8, 8);
+  const float y = ops::linear_quant(Tensor::from_doubles(xv, {1, 64}), q).to_floats()[0];
+  EXPECT_NEAR(y, 2e-4 * static_cast<double>(dot), 1e-5 * std::fabs(2e-4 * dot));
+
+  const int64_t k = 256, n = 40, m = 3;
+  const ops::QuantWeight r = ops::quantize(randn({n, k}, 90, 0.1), 8, 8);
+  const Tensor x = randn({m, k}, 91);
+  const std::vector<float> got = ops::linear_quant(x, r).to_floats();
+  const Tensor wd = ops::dequantize(r);
+  const std::vector<float> exact = ops::linear(x, wd).to_floats(), xf = x.to_floats(),
+                           wf = wd.to_floats();
+  double worst = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double bound = 0;
+      for (int64_t g = 0; g < k / 32; ++g) {
+        double amax = 0, wsum = 0;
+        for (int64_t e = g * 32; e < (g + 1) * 32; ++e) {
+          amax = std::max(amax, std::fabs(double{xf[static_cast<size_t>(i * k + e)]}));
+          wsum += std::fabs(double{wf[static_cast<size_t>(j * k + e)]});
+        }
+        bound += amax / 127 / 2 * wsum;
+      }
+      const double err = std::fabs(got[static_cast<size_t>(i * n + j)] -
+                                   double{exact[static_cast<size_t>(i * n + j)]});
+      EXPECT_LE(err, bound * (1 + 1e-4) + 1e-5) << i << " " << j;
+      worst = std::max(worst, err / bound);
+    }
+  EXPECT_GT(worst, 0.01);  // the activations were quantized
+
+  // A NaN or infinite activation makes its row's outputs NaN, as in f32 (other rows untouched).
+  for (const float bad : {std::nanf(""), INFINITY}) {
+    std::vector<float> v = x.to_floats();
+    v[static_cast<size_t>(k + 40)] = bad;  // row 1, group 1
+    for (int lanes : {8, 16}) {
+      cpu::force_lanes(lanes);
+      const std::vector<float> y = ops::linear_quant(Tensor::from_floats(v, {m, k}), r).to_floats();
+      for (int64_t j = 0; j < n; ++j) {
+        EXPECT_TRUE(std::isnan(y[static_cast<size_t>(n + j)])) << bad << " " << j;
+        EXPECT_EQ(y[static_cast<size_t>(j)], got[static_cast<size_t>(j)]) << bad << " " << j;
+      }
+    }
+    cpu::force_lanes(0);
+  }
 }
 
 // On a CUDA device (skipped without one): quantize lands the codes on the weight's device,
@@ -287,6 +406,8 @@ TEST(Quant, BadInputsNameTheOp) {
   expect_error([] { ops::quantize_int8(Tensor::zeros({4, 40})); }, {"quantize", "multiple of 32"});
   expect_error([] { ops::quantize_int8(Tensor::zeros({64})); }, {"quantize"});
   expect_error([] { ops::quantize(Tensor::zeros({4, 64}), 5); }, {"quantize", "8 or 4"});
+  expect_error([] { ops::quantize(Tensor::zeros({4, 64}), 4, 8); }, {"quantize", "activation"});
+  expect_error([] { ops::quantize(Tensor::zeros({4, 64}), 8, 4); }, {"quantize", "activation"});
   const ops::QuantWeight q = ops::quantize_int8(randn({8, 64}, 1));
   expect_error(
       [&] {

@@ -15,11 +15,13 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <cstdlib>
 #include <exception>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -311,6 +313,110 @@ constexpr auto dots_table(std::index_sequence<I...>) {
       &dots<T, static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1), W>...};
 }
 
+// ---- int8 activations (GemmArgs::a_bits 8: ops/quant.h's "int8 activations") ----
+// A block of 64 elements of a row of A quantized for the kernels: the codes (zero past k) and,
+// for each of its 16 lanes of 4 elements (lanes 0-7 the block's first group of 32, 8-15 its
+// second), the group's scale (0 past k) and -128 times the lane's sum of codes (the VNNI kernel's
+// offset).
+struct QBlock {
+  int8_t q[64];
+  int32_t corr[16];
+  float s[16];
+};
+// The rows' blocks are stored block-major, [block][row]: a tile's rows are consecutive, so the
+// kernels reach row r's block b as first[b * stride + r] from the tile's first row alone (one
+// pointer instead of three per row: with twelve, the 4 x 4 tile ran out of general registers and
+// reloaded them from the stack every block).
+struct QRow {
+  const QBlock* first;  // the row's block 0
+  int64_t stride;       // blocks of a row are stride apart (the row count)
+};
+struct QRows {
+  int64_t m = 0, blocks = 0;
+  std::vector<QBlock> data;
+  QRow at(int64_t r) const { return {data.data() + r, m}; }
+};
+// One block of a row (x at its first element, `groups` 1 or 2 groups of 32 in it) by the int8
+// rule, as the reference's quantize_row: codes, scales, offsets. The largest |x| is exact in any
+// order, and round_half_even as the reference's nearbyint (default rounding, |v| <= 127) is adding
+// and subtracting 1.5 · 2^23.
+void quantize_block(const float* x, int groups, QBlock& blk) {
+  constexpr int64_t G = ops::kQuantGroup;
+  for (int h = 0; h < groups; ++h) {
+    float amax = 0;
+    for (int64_t e = h * G; e < (h + 1) * G; ++e)
+      if (!(std::fabs(x[e]) <= amax)) amax = std::fabs(x[e]);  // (a NaN sticks)
+    const float xs = amax / 127.0f;
+    for (int l = 0; l < 8; ++l) blk.s[h * 8 + l] = xs;
+    if (xs == 0.0f || !std::isfinite(xs)) continue;  // codes 0; a non-finite scale gives NaN
+    for (int64_t e = h * G; e < (h + 1) * G; ++e) {
+      const float v = std::clamp(x[e] / xs, -127.0f, 127.0f);
+      blk.q[e] = static_cast<int8_t>((v + 0x1.8p23f) - 0x1.8p23f);
+    }
+  }
+  for (int l = 0; l < 16; ++l)
+    blk.corr[l] = -128 * (blk.q[4 * l] + blk.q[4 * l + 1] + blk.q[4 * l + 2] + blk.q[4 * l + 3]);
+}
+
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+void quantize_block_avx512(const float* x, int groups, QBlock& blk);  // (below)
+#endif
+
+// m rows of x (ldx apart, k a multiple of 32) by ops/quant.h's rule, as its reference does.
+QRows quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k) {
+  constexpr int64_t G = ops::kQuantGroup;
+  QRows r;
+  r.m = m, r.blocks = (k + 63) / 64;
+  r.data.assign(static_cast<size_t>(m * r.blocks), QBlock{});
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t b = 0; b < r.blocks; ++b) {
+      const int groups = static_cast<int>(std::min<int64_t>(2, k / G - 2 * b));
+      QBlock& blk = r.data[static_cast<size_t>(b * m + i)];
+      const float* xb = x + i * ldx + b * 2 * G;
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+      static const bool vnni = __builtin_cpu_supports("avx512vnni") &&
+                               __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl");
+      if (vnni) {
+        quantize_block_avx512(xb, groups, blk);
+        continue;
+      }
+#endif
+      quantize_block(xb, groups, blk);
+    }
+  return r;
+}
+
+// out[jj * kTile + r] = x[r] . w[jj] by the definition's lanes in plain code (sanitizer builds,
+// CPUs without AVX2): exact integer sums of four, then one fused multiply-add per lane and block.
+template <int J, int R>
+void dots_q8(const QRow* x, const int8_t* const* w, const float* const* sc, int64_t k, float* out) {
+  const int64_t groups = k / ops::kQuantGroup;
+  for (int jj = 0; jj < J; ++jj)
+    for (int r = 0; r < R; ++r) {
+      float acc[kLanes] = {};
+      for (int64_t b = 0; b < (k + 63) / 64; ++b)
+        for (int l = 0; l < kLanes; ++l) {
+          const int64_t g = 2 * b + l / 8, e0 = 64 * b + 4 * l;
+          int p = 0;
+          float s = 0;
+          const QBlock& xb = x[r].first[b * x[r].stride];
+          if (g < groups) {
+            for (int64_t e = e0; e < e0 + 4; ++e) p += xb.q[e - 64 * b] * w[jj][e];
+            s = xb.s[l] * sc[jj][g];
+          }
+          acc[l] = std::fma(static_cast<float>(p), s, acc[l]);
+        }
+      float y = 0;
+      for (float a : acc) y += a;
+      out[jj * kTile + r] = y;
+    }
+}
+template <size_t... I>
+constexpr auto q8_table(std::index_sequence<I...>) {
+  return std::array{&dots_q8<static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1)>...};
+}
+
 // Only where the kernels are cloned (cpu.h): the intrinsics fuse multiply-adds as the AVX2 and
 // AVX-512 clones do; the sanitizer builds run the baseline code, which does not.
 #if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
@@ -466,7 +572,131 @@ __attribute__((target("avx512f"))) void dots_nibbles_avx512(const float* const* 
   sum_lanes_avx512<J, R>(acc, out);
 }
 
+// dots_q8 with AVX512-VNNI, a block of 64 per step: the weight codes plus 128 (the sign bit
+// flipped) as vpdpbusd's unsigned operand against the activation codes, from the accumulator
+// -128 times the lane's activation sum, give each lane's exact sum of four products in one
+// instruction; then the lane's scale (activation scale times the group's weight scale, the pair
+// of weight scales spread over the two halves) and one fused multiply-add, as dots_q8.
+template <int J, int R, bool Half>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"), always_inline)) inline void
+q8_block_avx512(__m512 (&acc)[J][R], const QRow* x, const int8_t* const* w, const float* const* sc,
+                int64_t b) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i pair = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  __m512i wv[J];
+  __m512 ws[J];
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj) {
+    __builtin_prefetch(w[jj] + 64 * b + 512, 0, 3);
+    // The last block of an odd group count holds one group: the rest of its codes read as 0 (the
+    // activations' codes and scales there are 0 too).
+    const __m512i c = Half ? _mm512_maskz_loadu_epi8(0xffffffffull, w[jj] + 64 * b)
+                           : _mm512_loadu_si512(w[jj] + 64 * b);
+    wv[jj] = _mm512_xor_si512(c, flip);
+    const __m128 two =
+        Half ? _mm_maskz_loadu_ps(1, sc[jj] + 2 * b)
+             : _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc[jj] + 2 * b)));
+    ws[jj] = _mm512_permutexvar_ps(pair, _mm512_castps128_ps512(two));
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const QBlock& xb = x[0].first[b * x[0].stride + r];  // (a tile's rows are consecutive)
+    const __m512i xq = _mm512_loadu_si512(xb.q);
+    const __m512i corr = _mm512_loadu_si512(xb.corr);
+    const __m512 xs = _mm512_loadu_ps(xb.s);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj) {
+      const __m512i p = _mm512_dpbusd_epi32(corr, wv[jj], xq);
+      acc[jj][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(xs, ws[jj]), acc[jj][r]);
+    }
+  }
+}
+template <int J, int R>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void dots_q8_avx512(
+    const QRow* x, const int8_t* const* w, const float* const* sc, int64_t k, float* out) {
+  __m512 acc[J][R];
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+  const int64_t full = k / 64;
+  for (int64_t b = 0; b < full; ++b) q8_block_avx512<J, R, false>(acc, x, w, sc, b);
+  if (k % 64) q8_block_avx512<J, R, true>(acc, x, w, sc, full);
+  sum_lanes_avx512<J, R>(acc, out);
+}
+
+// quantize_block with AVX-512 (the same codes, scales and offsets): a group is two vectors; a
+// non-finite element shows as x - x != 0; the offsets are one vpdpbusd of ones against the codes.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void quantize_block_avx512(
+    const float* x, int groups, QBlock& blk) {
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f),
+               magic = _mm512_set1_ps(0x1.8p23f), zero = _mm512_setzero_ps();
+  for (int h = 0; h < groups; ++h) {
+    const __m512 a = _mm512_loadu_ps(x + 32 * h), b = _mm512_loadu_ps(x + 32 * h + 16);
+    const __mmask16 bad = _mm512_cmp_ps_mask(_mm512_sub_ps(a, a), zero, _CMP_NEQ_UQ) |
+                          _mm512_cmp_ps_mask(_mm512_sub_ps(b, b), zero, _CMP_NEQ_UQ);
+    const float xs =
+        bad ? std::numeric_limits<float>::quiet_NaN()
+            : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b))) / 127.0f;
+    _mm256_storeu_ps(blk.s + 8 * h, _mm256_set1_ps(xs));
+    if (xs == 0.0f || !std::isfinite(xs)) continue;  // codes 0
+    const __m512 d = _mm512_set1_ps(xs);
+    const __m512 v[2] = {a, b};
+    for (int u = 0; u < 2; ++u) {
+      const __m512 c = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(v[u], d), lo), hi);
+      const __m512i i = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(c, magic), magic));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(blk.q + 32 * h + 16 * u),
+                       _mm512_cvtepi32_epi8(i));
+    }
+  }
+  const __m512i sum =
+      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), _mm512_loadu_si512(blk.q));
+  _mm512_storeu_si512(blk.corr, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-128)));
+}
+
 #pragma GCC diagnostic pop
+
+// dots_q8 on AVX2, a group of 32 per step (lanes 0-7 or 8-15 of its block): |w| times x with w's
+// sign (vpmaddubsw, pairs of at most 2 · 127 · 127, no saturation) and the pairs added
+// (vpmaddwd) give the lanes' exact sums of four, then as dots_q8. A missing last group adds
+// nothing, where dots_q8 adds fma(0, 0, acc): the same, as no lane sum is ever -0.
+template <int J, int R>
+__attribute__((target("avx2,fma"))) void dots_q8_avx2(const QRow* x, const int8_t* const* w,
+                                                      const float* const* sc, int64_t k,
+                                                      float* out) {
+  constexpr int64_t G = ops::kQuantGroup;
+  __m256 acc[J][R][2];
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t g = 0; g < k / G; ++g) {
+    const int64_t e = g * G;
+    const int h = static_cast<int>(g % 2);
+    __m256i wv[J], aw[J];
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj) {
+      if (h == 0) __builtin_prefetch(w[jj] + e + 512, 0, 3);
+      wv[jj] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[jj] + e));
+      aw[jj] = _mm256_sign_epi8(wv[jj], wv[jj]);
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const QBlock& xb = x[0].first[g / 2 * x[0].stride + r];  // (a tile's rows are consecutive)
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q + 32 * h));
+      const __m256 xs = _mm256_loadu_ps(xb.s + 8 * h);
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) {
+        const __m256i p =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(aw[jj], _mm256_sign_epi8(xq, wv[jj])), ones);
+        acc[jj][r][h] = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(p), _mm256_mul_ps(xs, _mm256_set1_ps(sc[jj][g])), acc[jj][r][h]);
+      }
+    }
+  }
+  sum_lanes_avx2<J, R>(acc, out);
+}
 
 // dots<Int4, J, R, 8>: a group per step as above, in two 8-byte halves (elements 0-7 and 16-23
 // from bytes 0-7, 8-15 and 24-31 from bytes 8-15).
@@ -517,6 +747,8 @@ MYRIAD_DOTS_TABLE(codes_table_avx2, dots_codes_avx2)
 MYRIAD_DOTS_TABLE(codes_table_avx512, dots_codes_avx512)
 MYRIAD_DOTS_TABLE(nibbles_table_avx2, dots_nibbles_avx2)
 MYRIAD_DOTS_TABLE(nibbles_table_avx512, dots_nibbles_avx512)
+MYRIAD_DOTS_TABLE(q8_table_avx2, dots_q8_avx2)
+MYRIAD_DOTS_TABLE(q8_table_avx512, dots_q8_avx512)
 #undef MYRIAD_DOTS_TABLE
 #endif
 
@@ -550,6 +782,22 @@ const auto& dots_for() {
   return wide_vectors() ? wide : narrow;
 }
 
+// The int8-activation dots: AVX512-VNNI at the wide width where the CPU has it, else AVX2 (the
+// same bits), else the plain code.
+const auto& q8_dots() {
+  static constexpr auto generic = q8_table(std::make_index_sequence<kTile * kTile>{});
+#if defined(MYRIAD_CODE_INTRINSICS)
+  static constexpr auto v4 = q8_table_avx512(std::make_index_sequence<kTile * kTile>{});
+  static constexpr auto v3 = q8_table_avx2(std::make_index_sequence<kTile * kTile>{});
+  static const bool vnni = __builtin_cpu_supports("avx512vnni") &&
+                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (wide_vectors() && vnni) return v4;
+  if (has2) return v3;
+#endif
+  return generic;
+}
+
 // C[r, j] for j in [j0, j1) from x (m rows of k f32), in tiles of up to 4 x 4: four rows of B
 // share each load of x, and at m = 1 their four sums are four independent chains of fused
 // multiply-adds. One row of B at a time (one chain) bounded a single row of A by the adds'
@@ -557,12 +805,18 @@ const auto& dots_for() {
 // weights, four rows raised the f32 weight stream from 97 to 148 GB/s (2 MiB of B) and from 28 to
 // 38 GB/s (128 MiB), and K3-form batch-1 decode from 124-128 to 152-156 tokens/s. (On the first
 // machine, streaming from DRAM, four rows had halved a core's rate, 19.5 vs 10 GB/s.)
-// bs: int8 B's scales, lds apart per row.
-template <class T, class C>
-void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, const float* bs, int64_t lds,
-                C* c, int64_t ldc, int64_t m, int64_t k, int64_t j0, int64_t j1, float alpha,
-                float beta) {
-  const auto& table = dots_for<T>();
+// bs: int8 B's scales, lds apart per row. x.at(r): row r of A as the table's kernels take it (f32
+// rows, or QRow for int8 activations).
+struct F32Rows {
+  const float* x;
+  int64_t ldx;
+  const float* at(int64_t r) const { return x + r * ldx; }
+};
+template <class T, class C, class Rows, class Table>
+void rows_of_bt(const Table& table, const Rows& x, const T* b, int64_t ldb, const float* bs,
+                int64_t lds, C* c, int64_t ldc, int64_t m, int64_t k, int64_t j0, int64_t j1,
+                float alpha, float beta) {
+  using Row = decltype(x.at(0));
   for (int64_t j = j0; j < j1; j += kTile) {
     const int64_t nj = std::min<int64_t>(kTile, j1 - j);
     const T* ws[kTile] = {};
@@ -572,8 +826,8 @@ void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, const floa
       for (int64_t jj = 0; jj < nj; ++jj) ss[jj] = bs + (j + jj) * lds;
     for (int64_t r = 0; r < m; r += kTile) {
       const int64_t nr = std::min<int64_t>(kTile, m - r);
-      const float* xs[kTile] = {};
-      for (int64_t q = 0; q < nr; ++q) xs[q] = x + (r + q) * ldx;
+      Row xs[kTile] = {};
+      for (int64_t q = 0; q < nr; ++q) xs[q] = x.at(r + q);
       float s[kTile * kTile] = {};
       table[(nj - 1) * kTile + nr - 1](xs, ws, ss, k, s);
       for (int64_t jj = 0; jj < nj; ++jj)
@@ -586,8 +840,9 @@ void rows_of_bt(const float* x, int64_t ldx, const T* b, int64_t ldb, const floa
 // Over every product and batch: work items are (product, batch, block of n), at least ~64 KiB
 // of B each, so a thread is woken only for work that outweighs waking it, and all of them share
 // one parallel region (a MoE's experts at decode: one region instead of one per expert). bf16
-// rows of A are widened to f32 once, before the region. T: B's elements (float, bf16 bits, int8
-// codes, int4 byte pairs); C has A's type (f32 for quantized B).
+// rows of A are widened to f32 once, before the region, and int8 activations (a_bits 8) are
+// quantized once per distinct A (linear_quant_cat's products share theirs). T: B's elements
+// (float, bf16 bits, int8 codes, int4 byte pairs); C has A's type (f32 for quantized B).
 template <class T>
 void few_rows(const std::vector<GemmArgs>& gs) {
   using C = std::conditional_t<kCodes<T>, float, T>;
@@ -601,9 +856,21 @@ void few_rows(const std::vector<GemmArgs>& gs) {
   std::vector<int64_t> first(gs.size() + 1, 0);  // first work item of each product
   std::vector<float> widened;
   std::vector<int64_t> widened_at(gs.size(), 0);
+  std::vector<QRows> quantized;
+  std::vector<size_t> quantized_at(gs.size(), 0);
   for (size_t p = 0; p < gs.size(); ++p) {
     const GemmArgs& g = gs[p];
     Job& j = jobs[p];
+    if (g.a_bits == 8) {
+      size_t same = p;
+      for (size_t o = 0; o < p && same == p; ++o)
+        if (gs[o].a_bits == 8 && gs[o].a == g.a && gs[o].lda == g.lda && gs[o].m == g.m &&
+            gs[o].k == g.k)
+          same = o;
+      quantized_at[p] = same < p ? quantized_at[same] : quantized.size();
+      if (same == p)
+        quantized.push_back(quantize_rows(static_cast<const float*>(g.a), g.lda, g.m, g.k));
+    }
     j.block = std::max<int64_t>(
         4, (int64_t{64} << 10) / std::max<int64_t>(1, g.k / per_unit * int64_t{sizeof(T)}));
     j.per_batch = (g.n + j.block - 1) / j.block;
@@ -644,8 +911,16 @@ void few_rows(const std::vector<GemmArgs>& gs) {
       C* c = static_cast<C*>(g.c) + bi * g.stride_c;
       const float* bs =
           g.b_scale ? g.b_scale + bi * g.stride_b * per_unit / ops::kQuantGroup : nullptr;
-      rows_of_bt(j.x + bi * j.stride_x, j.ldx, b, g.ldb, bs, g.ldb * per_unit / ops::kQuantGroup, c,
-                 g.ldc, g.m, g.k, c0, c1, g.alpha, g.beta);
+      const int64_t lds = g.ldb * per_unit / ops::kQuantGroup;
+      if constexpr (std::is_same_v<T, int8_t>) {
+        if (g.a_bits == 8) {  // (batch 1)
+          rows_of_bt(q8_dots(), quantized[quantized_at[p]], b, g.ldb, bs, lds, c, g.ldc, g.m, g.k,
+                     c0, c1, g.alpha, g.beta);
+          continue;
+        }
+      }
+      rows_of_bt(dots_for<T>(), F32Rows{j.x + bi * j.stride_x, j.ldx}, b, g.ldb, bs, lds, c, g.ldc,
+                 g.m, g.k, c0, c1, g.alpha, g.beta);
     }
   });
 }
@@ -803,10 +1078,12 @@ void quant_gemm_cpu(const std::vector<GemmArgs>& gs) {
   for (const GemmArgs& g : gs)
     MYRIAD_CHECK(
         g.dtype == DType::F32 && g.b_scale && takes_few_rows(g) && g.k % ops::kQuantGroup == 0 &&
-            (bits == 8 || bits == 4) && g.b_bits == bits && g.ldb == g.k * bits / 8,
+            (bits == 8 || bits == 4) && g.b_bits == bits && g.ldb == g.k * bits / 8 &&
+            (g.a_bits == 0 || (g.a_bits == 8 && bits == 8 && g.batch == 1)),
         "quant_gemm: expected f32 A and C, B [n, k] of ", bits,
         "-bit codes (one format) with scales and k a multiple of ", ops::kQuantGroup, ", at most ",
-        kMaxRows, " rows; got m ", g.m, " k ", g.k, " ldb ", g.ldb, " bits ", g.b_bits);
+        kMaxRows, " rows, A as f32 or (8-bit B, batch 1) int8; got m ", g.m, " k ", g.k, " ldb ",
+        g.ldb, " bits ", g.b_bits, " activation bits ", g.a_bits, " batch ", g.batch);
   if (bits == 8)
     few_rows<int8_t>(gs);
   else

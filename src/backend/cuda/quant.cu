@@ -80,10 +80,11 @@ void quant_gemm_cuda(const std::vector<ops::GemmArgs>& gs) {
   for (const ops::GemmArgs& g : gs) {
     MYRIAD_CHECK(g.trans_b && g.dtype == DType::F32 && g.m <= kMaxRows && g.k % kGroup == 0 &&
                      g.b_scale && (g.b_bits == 8 || g.b_bits == 4) && g.alpha == 1.0f &&
-                     g.beta == 0.0f && g.batch == 1,
+                     g.beta == 0.0f && g.batch == 1 && g.a_bits == 0,
                  "quant_gemm: the cuda kernel takes up to ", kMaxRows,
-                 " f32 rows against codes [n, k] (k a multiple of ", kGroup, "), got m ", g.m,
-                 ", k ", g.k, ", ", g.b_bits, " bits");
+                 " f32 rows against codes [n, k] (k a multiple of ", kGroup,
+                 "; int8 activations are CPU-only), got m ", g.m, ", k ", g.k, ", ", g.b_bits,
+                 " bits, activation bits ", g.a_bits);
     if (g.m == 0 || g.n == 0) continue;
     const auto blocks = static_cast<unsigned>((g.n * 32 + kThreads - 1) / kThreads);
     const auto* a = static_cast<const float*>(g.a);
