@@ -48,7 +48,8 @@ QuantWeight quantize(const Tensor& w, int bits, int act_bits) {
     const float* src = W + i * kQuantGroup;
     float amax = 0, ext = 0;  // the largest |w| and the (first) element that has it
     for (int64_t j = 0; j < kQuantGroup; ++j)
-      if (std::fabs(src[j]) > amax) amax = std::fabs(src[j]), ext = src[j];
+      if (std::fabs(src[j]) > amax || std::isnan(src[j]))  // (a NaN sticks: the check below)
+        amax = std::isnan(amax) ? amax : std::fabs(src[j]), ext = src[j];
     MYRIAD_CHECK(std::isfinite(amax), "quantize: ", w.desc(), " has a non-finite value in row ",
                  i / groups);
     const float s = bits == 8 ? amax / 127.0f : ext / -8.0f;
@@ -269,7 +270,8 @@ void quantize_row(const float* x, int64_t k, std::vector<int>& q, std::vector<fl
   for (int64_t g = 0; g < k / kQuantGroup; ++g) {
     float amax = 0;
     for (int64_t e = g * kQuantGroup; e < (g + 1) * kQuantGroup; ++e)
-      amax = std::max(amax, std::fabs(x[e]));
+      if (std::fabs(x[e]) > amax || std::isnan(x[e]))
+        amax = std::isnan(amax) ? amax : std::fabs(x[e]);
     const float xs = amax / 127.0f;
     s[static_cast<size_t>(g)] = xs;
     if (xs == 0.0f || !std::isfinite(xs)) continue;  // codes 0 (a non-finite scale gives NaN)

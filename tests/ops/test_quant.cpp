@@ -4,6 +4,7 @@
 // activations against their reference (bit for bit, every kernel), by hand and within their
 // error bound.
 #include <cmath>
+#include <optional>
 
 #include "backend/cpu/cpu.h"
 #include "ops/matmul.h"
@@ -356,8 +357,10 @@ TEST(Quant, Int8ActivationsByHandAndWithinHalfAStep) {
   for (const float bad : {std::nanf(""), INFINITY}) {
     std::vector<float> v = x.to_floats();
     v[static_cast<size_t>(k + 40)] = bad;  // row 1, group 1
-    for (int lanes : {8, 16}) {
+    for (int lanes : {0, 8, 16}) {         // (0: the reference)
       cpu::force_lanes(lanes);
+      std::optional<ops::ReferenceMode> ref;
+      if (lanes == 0) ref.emplace();
       const std::vector<float> y = ops::linear_quant(Tensor::from_floats(v, {m, k}), r).to_floats();
       for (int64_t j = 0; j < n; ++j) {
         EXPECT_TRUE(std::isnan(y[static_cast<size_t>(n + j)])) << bad << " " << j;
@@ -407,6 +410,16 @@ TEST(Quant, BadInputsNameTheOp) {
   expect_error([] { ops::quantize_int8(Tensor::zeros({64})); }, {"quantize"});
   expect_error([] { ops::quantize(Tensor::zeros({4, 64}), 5); }, {"quantize", "8 or 4"});
   expect_error([] { ops::quantize(Tensor::zeros({4, 64}), 4, 8); }, {"quantize", "activation"});
+  for (const float bad : {std::nanf(""), INFINITY}) {  // caught wherever it sits in its group
+    std::vector<float> v(4 * 64, 1.0f);
+    v[70] = bad;
+    for (int bits : {8, 4})
+      expect_error(
+          [&] {
+            ops::quantize(Tensor::from_floats(v, {4, 64}), bits);
+          },
+          {"quantize", "non-finite", "row 1"});
+  }
   expect_error([] { ops::quantize(Tensor::zeros({4, 64}), 8, 4); }, {"quantize", "activation"});
   const ops::QuantWeight q = ops::quantize_int8(randn({8, 64}, 1));
   expect_error(

@@ -345,7 +345,8 @@ void quantize_block(const float* x, int groups, QBlock& blk) {
   for (int h = 0; h < groups; ++h) {
     float amax = 0;
     for (int64_t e = h * G; e < (h + 1) * G; ++e)
-      if (!(std::fabs(x[e]) <= amax)) amax = std::fabs(x[e]);  // (a NaN sticks)
+      if (std::fabs(x[e]) > amax || std::isnan(x[e]))  // (a NaN sticks)
+        amax = std::isnan(amax) ? amax : std::fabs(x[e]);
     const float xs = amax / 127.0f;
     for (int l = 0; l < 8; ++l) blk.s[h * 8 + l] = xs;
     if (xs == 0.0f || !std::isfinite(xs)) continue;  // codes 0; a non-finite scale gives NaN
