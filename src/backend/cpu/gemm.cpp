@@ -313,6 +313,17 @@ constexpr auto dots_table(std::index_sequence<I...>) {
       &dots<T, static_cast<int>(I / kTile + 1), static_cast<int>(I % kTile + 1), W>...};
 }
 
+// The intrinsic kernels below exist only where the kernels are cloned (cpu.h).
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define MYRIAD_CODE_INTRINSICS 1
+// Whether the CPU runs the int8-activation kernels' AVX512-VNNI forms (read once).
+bool has_vnni() {
+  static const bool v = __builtin_cpu_supports("avx512vnni") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return v;
+}
+#endif
+
 // ---- int8 activations (GemmArgs::a_bits 8: ops/quant.h's "int8 activations") ----
 // A block of 64 elements of a row of A quantized for the kernels: the codes (zero past k) and,
 // for each of its 16 lanes of 4 elements (lanes 0-7 the block's first group of 32, 8-15 its
@@ -359,7 +370,7 @@ void quantize_block(const float* x, int groups, QBlock& blk) {
     blk.corr[l] = -128 * (blk.q[4 * l] + blk.q[4 * l + 1] + blk.q[4 * l + 2] + blk.q[4 * l + 3]);
 }
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if defined(MYRIAD_CODE_INTRINSICS)
 void quantize_block_avx512(const float* x, int groups, QBlock& blk);  // (below)
 #endif
 
@@ -374,11 +385,8 @@ QRows quantize_rows(const float* x, int64_t ldx, int64_t m, int64_t k) {
       const int groups = static_cast<int>(std::min<int64_t>(2, k / G - 2 * b));
       QBlock& blk = r.data[static_cast<size_t>(b * m + i)];
       const float* xb = x + i * ldx + b * 2 * G;
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-      static const bool vnni = __builtin_cpu_supports("avx512vnni") &&
-                               __builtin_cpu_supports("avx512bw") &&
-                               __builtin_cpu_supports("avx512vl");
-      if (vnni) {
+#if defined(MYRIAD_CODE_INTRINSICS)
+      if (has_vnni()) {
         quantize_block_avx512(xb, groups, blk);
         continue;
       }
@@ -420,8 +428,7 @@ constexpr auto q8_table(std::index_sequence<I...>) {
 
 // Only where the kernels are cloned (cpu.h): the intrinsics fuse multiply-adds as the AVX2 and
 // AVX-512 clones do; the sanitizer builds run the baseline code, which does not.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#define MYRIAD_CODE_INTRINSICS 1
+#if defined(MYRIAD_CODE_INTRINSICS)
 // The intrinsic kernels' shared parts: acc[jj][r] += x[r][i, i + 16) · wv[jj] for every row of A
 // and B (one 16-lane vector, or two 8-lane halves), and the 16 lanes of each accumulator summed
 // in order into out.
@@ -790,10 +797,8 @@ const auto& q8_dots() {
 #if defined(MYRIAD_CODE_INTRINSICS)
   static constexpr auto v4 = q8_table_avx512(std::make_index_sequence<kTile * kTile>{});
   static constexpr auto v3 = q8_table_avx2(std::make_index_sequence<kTile * kTile>{});
-  static const bool vnni = __builtin_cpu_supports("avx512vnni") &&
-                           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (wide_vectors() && vnni) return v4;
+  if (wide_vectors() && has_vnni()) return v4;
   if (has2) return v3;
 #endif
   return generic;
