@@ -16,6 +16,7 @@
 // reverse in-chunk cumsum of dG.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu.h"
@@ -32,27 +33,27 @@ int64_t pad16(int64_t n) {
 }
 
 // c[m, n] = (acc ? c : 0) + sum_{p < kk} A(i, p) b[p, :], with A(i, p) = a[i * sai + p * sap]
-// (so a row-major A or a transposed one). m % 8 == 0 and n % 16 == 0. Each R x (NV W-lane
-// vectors) tile of c stays in registers over the whole p loop: 8 x 1 zmm on AVX-512, 4 x 2 ymm on
-// AVX2 (8 accumulators, and 6 loads per 8 FMAs instead of 9). Every element sums over p in order,
-// whatever the tiling.
+// (so a row-major A or a transposed one), over columns [j0, j1). m % R == 0 and (j1 - j0) % (NV W)
+// == 0. Each R x (NV W-lane vectors) tile of c stays in registers over the whole p loop. Every
+// element sums over p in order, whatever the tiling.
 template <int W, int R, int NV>
-MYRIAD_CPU_CLONES void mm_w(int64_t m, int64_t n, int64_t kk, const float* __restrict a,
-                            int64_t sai, int64_t sap, const float* __restrict b, int64_t ldb,
-                            float* __restrict c, int64_t ldc, bool acc) {
+MYRIAD_CPU_CLONES void mm_w(int64_t m, int64_t j0, int64_t j1, int64_t kk,
+                            const float* __restrict a, int64_t sai, int64_t sap,
+                            const float* __restrict b, int64_t ldb, float* __restrict c,
+                            int64_t ldc, bool acc) {
   using V = typename Lanes<W>::F;
   for (int64_t i0 = 0; i0 < m; i0 += R)
-    for (int64_t j0 = 0; j0 < n; j0 += NV * W) {
+    for (int64_t j = j0; j < j1; j += NV * W) {
       V t[R][NV];
       for (int ii = 0; ii < R; ++ii)
         for (int v = 0; v < NV; ++v) {
           t[ii][v] = V{};
-          if (acc) std::memcpy(&t[ii][v], c + (i0 + ii) * ldc + j0 + v * W, sizeof(V));
+          if (acc) std::memcpy(&t[ii][v], c + (i0 + ii) * ldc + j + v * W, sizeof(V));
         }
       const float* ap = a + i0 * sai;
       for (int64_t p = 0; p < kk; ++p) {
         V bp[NV];
-        for (int v = 0; v < NV; ++v) std::memcpy(&bp[v], b + p * ldb + j0 + v * W, sizeof(V));
+        for (int v = 0; v < NV; ++v) std::memcpy(&bp[v], b + p * ldb + j + v * W, sizeof(V));
         for (int ii = 0; ii < R; ++ii) {
           const float x = ap[ii * sai + p * sap];
           for (int v = 0; v < NV; ++v) t[ii][v] += x * bp[v];
@@ -60,21 +61,58 @@ MYRIAD_CPU_CLONES void mm_w(int64_t m, int64_t n, int64_t kk, const float* __res
       }
       for (int ii = 0; ii < R; ++ii)
         for (int v = 0; v < NV; ++v)
-          std::memcpy(c + (i0 + ii) * ldc + j0 + v * W, &t[ii][v], sizeof(V));
+          std::memcpy(c + (i0 + ii) * ldc + j + v * W, &t[ii][v], sizeof(V));
     }
 }
+// m % 8 == 0 and n % 16 == 0. AVX-512 runs 8 x 2 zmm tiles where the columns allow (16
+// accumulators, 10 loads per 16 FMAs: an 8 x 1 tile's 9 loads per 8 FMAs made the loads the
+// bound), then 8 x 1; AVX2 runs 4 x 2 ymm tiles (8 accumulators, 6 loads per 8 FMAs).
 void mm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t sai, int64_t sap, const float* b,
         int64_t ldb, float* c, int64_t ldc, bool acc) {
-  with_lanes([&](auto w) {
-    constexpr int W = decltype(w)::value;
-    mm_w<W, W == 16 ? 8 : 4, W == 16 ? 1 : 2>(m, n, kk, a, sai, sap, b, ldb, c, ldc, acc);
-  });
+  if (wide_vectors()) {
+    const int64_t n2 = n / 32 * 32;
+    if (n2) mm_w<16, 8, 2>(m, 0, n2, kk, a, sai, sap, b, ldb, c, ldc, acc);
+    if (n2 < n) mm_w<16, 8, 1>(m, n2, n, kk, a, sai, sap, b, ldb, c, ldc, acc);
+  } else {
+    mm_w<8, 4, 2>(m, 0, n, kk, a, sai, sap, b, ldb, c, ldc, acc);
+  }
 }
 
-// dst[j, i] = src[i, j] for a rows x cols source (leading dimensions given).
+// dst[j, i] = src[i, j] for a rows x cols source (leading dimensions given), rows and cols
+// multiples of 16, by W x W blocks held in registers: log2(W) rounds of two-vector shuffles swap
+// the off-diagonal halves of ever smaller sub-blocks. (Element by element, the transposes were
+// 40% of the backward's own loops.)
+template <int W, int B>
+MYRIAD_ROW_INLINE void swap_blocks(typename Lanes<W>::F* r) {
+  if constexpr (B >= 1) {
+    typename Lanes<W>::U lo, hi;  // constants once unrolled
+    for (int j = 0; j < W; ++j) {
+      lo[j] = (j & B) == 0 ? j : W + j - B;
+      hi[j] = (j & B) == 0 ? j + B : W + j;
+    }
+    for (int i = 0; i < W; ++i)
+      if ((i & B) == 0) {
+        const auto a = r[i], b = r[i + B];
+        r[i] = __builtin_shuffle(a, b, lo);
+        r[i + B] = __builtin_shuffle(a, b, hi);
+      }
+    swap_blocks<W, B / 2>(r);
+  }
+}
+template <int W>
+MYRIAD_CPU_CLONES void transpose_w(const float* __restrict src, int64_t rows, int64_t cols,
+                                   int64_t lds, float* __restrict dst, int64_t ldd) {
+  using V = typename Lanes<W>::F;
+  for (int64_t i0 = 0; i0 < rows; i0 += W)
+    for (int64_t j0 = 0; j0 < cols; j0 += W) {
+      V r[W];
+      for (int i = 0; i < W; ++i) std::memcpy(&r[i], src + (i0 + i) * lds + j0, sizeof(V));
+      swap_blocks<W, W / 2>(r);
+      for (int j = 0; j < W; ++j) std::memcpy(dst + (j0 + j) * ldd + i0, &r[j], sizeof(V));
+    }
+}
 void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) dst[j * ldd + i] = src[i * lds + j];
+  with_lanes([&](auto w) { transpose_w<decltype(w)::value>(src, rows, cols, lds, dst, ldd); });
 }
 
 // Rows of n values, `stride` elements apart in a contiguous f32 or bf16 tensor (from element
@@ -380,6 +418,34 @@ MYRIAD_CPU_CLONES void finish_dg(int64_t cn, int64_t k, int64_t kp, int64_t vp,
     for (int64_t d = 0; d < kp; ++d) dG[r * kp + d] += dG[(r + 1) * kp + d];
 }
 
+// For r < cn: dβ_r = X_r·R_r - sum_{i<r} M_ri
+// XV_ri and dM_ri = -β_r XV_ri (dM is zero elsewhere).
+MYRIAD_CPU_CLONES void beta_grads(int64_t cn, int64_t cp, int64_t vp, const float* __restrict beta,
+                                  const float* __restrict X, const float* __restrict R,
+                                  const float* __restrict M, const float* __restrict XV,
+                                  float* __restrict dM, float* __restrict dbeta) {
+  for (int64_t i = 0; i < cp * cp; ++i) dM[i] = 0.0f;
+  for (int64_t r = 0; r < cn; ++r) {
+    dbeta[r] = row_dot(X + r * vp, R + r * vp, vp) - row_dot(M + r * cp, XV + r * cp, r);
+    for (int64_t i = 0; i < r; ++i) dM[r * cp + i] = -beta[r] * XV[r * cp + i];
+  }
+}
+
+// y[d, :] = (acc ? y[d, :] : 0) + (mul s[d]) x[d, :] for d < k (rows of vp; y may be x).
+MYRIAD_CPU_CLONES void scale_rows(int64_t k, int64_t vp, const float* s, const float* x, float* y,
+                                  bool acc, float mul = 1.0f) {
+  for (int64_t d = 0; d < k; ++d) {
+    const float sd = mul * s[d];
+    for (int64_t j = 0; j < vp; ++j)
+      y[d * vp + j] = (acc ? y[d * vp + j] : 0.0f) + sd * x[d * vp + j];
+  }
+}
+
+// y[:n] = a[:n] - y[:n]
+MYRIAD_CPU_CLONES void rsub(int64_t n, const float* __restrict a, float* __restrict y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] - y[i];
+}
+
 // One thread's buffers for one (batch, head) at a time.
 struct Work {
   int64_t B, T, H, K, V, C, NC, Cp, Kp, Vp;
@@ -471,16 +537,16 @@ struct Work {
                         ED.data(), KD.data());
       }
     if (factor) {
-      transpose(KR.data(), cn, K, Kp, KRT.data(), Cp);
-      transpose(KD.data(), cn, K, Kp, KDT.data(), Cp);
+      transpose(KR.data(), Cp, Kp, Kp, KRT.data(), Cp);
+      transpose(KD.data(), Cp, Kp, Kp, KDT.data(), Cp);
     }
     // Direct blocks read K and G transposed (none do for a gate that keeps every diagonal block
     // within reach of its reference row, as the K3 gate does).
     const auto live_end = mid.begin() + (cn + kBlk - 1) / kBlk;
     if (!factor || std::find(mid.begin(), live_end, -1) != live_end) {
-      transpose(Kc.data(), cn, K, Kp, KT.data(), Cp);
-      transpose(G.data(), cn, K, Kp, GT.data(), Cp);
-      transpose(Gl.data(), cn, K, Kp, LT.data(), Cp);
+      transpose(Kc.data(), Cp, Kp, Kp, KT.data(), Cp);
+      transpose(G.data(), Cp, Kp, Kp, GT.data(), Cp);
+      transpose(Gl.data(), Cp, Kp, Kp, LT.data(), Cp);
     }
     for (int64_t r0 = 0; r0 < cn; r0 += kBlk) {
       const int64_t r1 = std::min(cn, r0 + kBlk);
@@ -503,7 +569,7 @@ struct Work {
     }
     // R = V - Kg S; Ṽ_r = β_r (R_r - sum_{i<r} M_ri Ṽ_i).
     mm(Cp, Vp, K, Kg.data(), Kp, 1, S.data(), Vp, R.data(), Vp, false);
-    for (int64_t i = 0; i < Cp * Vp; ++i) R[i] = Vv[i] - R[i];
+    rsub(Cp * Vp, Vv.data(), R.data());
     if (cn < Cp) std::fill(Vt.begin(), Vt.end(), 0.0f);
     solve_lower(cn, Cp, Vp, M.data(), beta.data(), R.data(), Vt.data());
   }
@@ -534,8 +600,7 @@ void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
         store(w.O.data(), w.Vp, cn, w.V, 1.0f, o, w.row_v(b, t0, h), w.H * w.V);
         // S = Diag(Γ_C) S + Kd^T Ṽ
         const float* gl = &w.Gam[(cn - 1) * w.Kp];
-        for (int64_t d = 0; d < w.K; ++d)
-          for (int64_t j = 0; j < w.Vp; ++j) w.S[d * w.Vp + j] *= gl[d];
+        scale_rows(w.K, w.Vp, gl, w.S.data(), w.S.data(), false);
         mm(w.Kp, w.Vp, cn, w.Kd.data(), 1, w.Kp, w.Vt.data(), w.Vp, w.S.data(), w.Vp, true);
       }
       w.store_state(ht, w.state(b, h));
@@ -573,8 +638,7 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         // (I + L)^T X = dṼ with L_ir = β_i M_ir; nDR = -β X.
         std::fill(X.begin(), X.end(), 0.0f);
         solve_upper_t(cn, Cp, Vp, w.M.data(), w.beta.data(), dVt.data(), X.data());
-        for (int64_t r = 0; r < Cp; ++r)
-          for (int64_t j = 0; j < Vp; ++j) nDR[r * Vp + j] = -w.beta[r] * X[r * Vp + j];
+        scale_rows(Cp, Vp, w.beta.data(), X.data(), nDR.data(), false, -1.0f);
         // DOS = dO S^T, VDS = Ṽ dS'^T, NRS = -dR S^T.
         transpose(w.S.data(), Kp, Vp, Vp, ST.data(), Kp);
         transpose(dS.data(), Kp, Vp, Vp, dST.data(), Kp);
@@ -587,16 +651,8 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         for (int64_t r = 0; r < Cp; ++r)
           for (int64_t i = r + 1; i < Cp; ++i) dP[r * Cp + i] = 0.0f;
         mm(Cp, Cp, V, X.data(), Vp, 1, VtT.data(), Cp, XV.data(), Cp, false);
-        std::fill(dM.begin(), dM.end(), 0.0f);
-        for (int64_t r = 0; r < cn; ++r) {
-          float db = 0.0f;
-          for (int64_t j = 0; j < Vp; ++j) db += X[r * Vp + j] * w.R[r * Vp + j];
-          for (int64_t i = 0; i < r; ++i) {
-            db -= w.M[r * Cp + i] * XV[r * Cp + i];
-            dM[r * Cp + i] = -w.beta[r] * XV[r * Cp + i];
-          }
-          dbeta[r] = db;
-        }
+        beta_grads(cn, Cp, Vp, w.beta.data(), X.data(), w.R.data(), w.M.data(), XV.data(),
+                   dM.data(), dbeta.data());
         std::fill(Ga.begin(), Ga.end(), 0.0f);
         std::fill(Gb.begin(), Gb.end(), 0.0f);
         std::fill(Gc.begin(), Gc.end(), 0.0f);
@@ -641,8 +697,7 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         // dS = Qg^T dO + Γ_C dS' - Kg^T dR
         mm(Kp, Vp, cn, w.Qg.data(), 1, Kp, dO.data(), Vp, dSn.data(), Vp, false);
         mm(Kp, Vp, cn, w.Kg.data(), 1, Kp, nDR.data(), Vp, dSn.data(), Vp, true);
-        for (int64_t d = 0; d < K; ++d)
-          for (int64_t j = 0; j < Vp; ++j) dSn[d * Vp + j] += gl[d] * dS[d * Vp + j];
+        scale_rows(K, Vp, gl, dS.data(), dSn.data(), true);
         std::swap(dS, dSn);
       }
       store(dS.data(), Vp, K, V, 1.0f, gr.dh0, w.state(b, h), V);
