@@ -96,6 +96,24 @@ static void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
   leaf.grad = g_add(Tensor(leaf.grad), gl).impl_ptr();
 }
 
+namespace {
+
+// The view of part p of g (a tensor of p.in_shape).
+Tensor part_view(const Tensor& g, const Node::Part& p) {
+  Shape s = g.shape();
+  s[p.dim] = p.end - p.start;
+  return g.view_as_strided(s, g.strides(), g.offset() + p.start * g.strides()[p.dim]);
+}
+
+// g_part as the gradient of the whole input: zeros elsewhere.
+Tensor widen(const Tensor& g_part, const Node::Part& p) {
+  Tensor full = Tensor::zeros(p.in_shape, g_part.dtype(), g_part.device());
+  part_view(full, p).copy_(g_part);
+  return full;
+}
+
+}  // namespace
+
 void run_backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
   NoGradGuard no_grad;
   MYRIAD_CHECK(root.requires_grad(), "backward: tensor ", root.desc(),
@@ -119,6 +137,9 @@ void run_backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
   }
   std::unordered_map<Node*, Tensor> grads;
   grads[root.grad_fn().get()] = seed;
+  // The nodes whose summed gradient this pass allocated itself, so parts may be added into it in
+  // place (a gradient a backward returned may be a tensor its closure or the caller still holds).
+  std::unordered_set<Node*> own;
   std::vector<std::shared_ptr<Node>> ready{root.grad_fn()};
   while (!ready.empty()) {
     std::shared_ptr<Node> n = std::move(ready.back());
@@ -137,17 +158,31 @@ void run_backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
     for (size_t i = 0; i < in_grads.size(); ++i) {
       auto& e = n->inputs[i];
       Tensor& gi = in_grads[i];
+      const bool part = n->part.dim >= 0 && i == 0 && gi.defined();
       if (e.leaf) {
-        if (gi.defined()) accumulate_into_leaf(*e.leaf, gi);
+        if (gi.defined()) accumulate_into_leaf(*e.leaf, part ? widen(gi, n->part) : gi);
         continue;
       }
       if (!e.node) continue;
-      if (gi.defined()) {
+      if (part) {
+        Tensor& acc = grads[e.node.get()];
+        if (!acc.defined()) {
+          acc = widen(gi, n->part);
+        } else {
+          if (!own.count(e.node.get())) acc = acc.clone();
+          Tensor view = part_view(acc, n->part);
+          view.copy_(g_add(view, gi));
+        }
+        own.insert(e.node.get());
+      } else if (gi.defined()) {
         auto it = grads.find(e.node.get());
-        if (it == grads.end() || !it->second.defined())
+        if (it == grads.end() || !it->second.defined()) {
           grads[e.node.get()] = gi;
-        else
-          it->second = g_add(it->second, gi);
+          own.erase(e.node.get());
+        } else {
+          it->second = g_add(it->second, gi);  // a new tensor
+          own.insert(e.node.get());
+        }
       }
       if (--deps[e.node.get()] == 0) {
         if (!grads[e.node.get()].defined())  // nothing flowed in: a zero gradient

@@ -89,13 +89,10 @@ Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
   shape[dim] = end - start;
   Tensor out =
       x.detach().view_as_strided(shape, x.strides(), x.offset() + start * x.strides()[dim]);
-  Shape in_shape = x.shape();
-  record("slice", out, {x}, [in_shape, dim, start, end](const Tensor& g) -> std::vector<Tensor> {
-    Tensor gx = Tensor::zeros(in_shape, g.dtype(), g.device());
-    Tensor part = slice(gx, dim, start, end);
-    part.copy_(g);
-    return {gx};
-  });
+  // The backward returns the part's gradient; the autograd pass adds it into that part of x's
+  // (Node::Part), so the parts of a split share one gradient buffer.
+  record("slice", out, {x}, [](const Tensor& g) -> std::vector<Tensor> { return {g}; });
+  if (out.grad_fn()) out.grad_fn()->part = {dim, start, end, x.shape()};
   return out;
 }
 

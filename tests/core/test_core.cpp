@@ -253,6 +253,57 @@ TEST(Autograd, ShapeOpsRouteGradients) {
 }
 
 // recompute(): the same values and gradients (into x and into the parameters fn closes over) as
+
+// A slice's backward hands back only its part, which the pass adds into that part of the input's
+// gradient (Node::Part): the parts of a split, overlapping slices, a slice next to a whole-tensor
+// use (its gradient arriving before and after the parts), and an input that is also a gradient a
+// closure returned as is, which the pass must copy before adding into it, not overwrite.
+TEST(Autograd, SliceGradientsAddIntoTheirPart) {
+  const auto c = [](std::vector<double> v) {
+    const int64_t n = static_cast<int64_t>(v.size());
+    return Tensor::from_doubles(std::move(v), {n / 2, 2}, DType::F64);
+  };
+  Tensor leaf =
+      Tensor::from_doubles(std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}, DType::F64)
+          .requires_grad_();
+  for (int order = 0; order < 2; ++order) {
+    leaf.zero_grad();
+    Tensor z = ops::mul(leaf, 2.0);  // a non-leaf node: its gradient sums every use below
+    auto parts = ops::split(z, {1, 3}, 0);
+    Tensor whole = ops::mul(z, c({1, 1, 1, 1, 1, 1, 1, 1}));
+    Tensor l1 = ops::sum(ops::mul(parts[0], c({10, 20})));
+    Tensor l2 = ops::sum(ops::mul(parts[1], c({30, 40, 50, 60, 70, 80})));
+    Tensor l3 = ops::sum(ops::mul(ops::slice(z, 0, 1, 3), c({100, 100, 100, 100})));  // overlaps
+    Tensor l4 = ops::sum(whole);
+    // The order the uses enter the loss changes the order their gradients reach z.
+    Tensor loss = order == 0 ? ops::add(ops::add(l1, l2), ops::add(l3, l4))
+                             : ops::add(ops::add(l4, l3), ops::add(l2, l1));
+    loss.backward();
+    EXPECT_EQ(leaf.grad().to_doubles(), (std::vector<double>{22, 42, 262, 282, 302, 322, 142, 162}))
+        << "order " << order;
+  }
+  // add's backward returns its incoming gradient to both inputs; one of them then gets a part
+  // added. The other input's gradient must stay the plain incoming one.
+  for (int order = 0; order < 2; ++order) {
+    Tensor a =
+        Tensor::from_doubles(std::vector<double>{1, 1, 1, 1}, {2, 2}, DType::F64).requires_grad_();
+    Tensor b =
+        Tensor::from_doubles(std::vector<double>{1, 1, 1, 1}, {2, 2}, DType::F64).requires_grad_();
+    Tensor za = ops::mul(a, 1.0), zb = ops::mul(b, 1.0);
+    Tensor l1 = ops::sum(ops::mul(ops::add(za, zb), c({1, 2, 3, 4})));
+    // zb's second use keeps its node waiting until the slice's part has reached za.
+    Tensor l2 = ops::add(ops::sum(ops::mul(zb, 0.0)),
+                         ops::sum(ops::mul(ops::slice(za, 0, 0, 1), c({1000, 1000}))));
+    (order == 0 ? ops::add(l1, l2) : ops::add(l2, l1)).backward();
+    EXPECT_EQ(a.grad().to_doubles(), (std::vector<double>{1001, 1002, 3, 4})) << "order " << order;
+    EXPECT_EQ(b.grad().to_doubles(), (std::vector<double>{1, 2, 3, 4})) << "order " << order;
+  }
+  // A slice of a leaf: the leaf's gradient is zero outside the part.
+  Tensor w =
+      Tensor::from_doubles(std::vector<double>{1, 2, 3, 4}, {2, 2}, DType::F64).requires_grad_();
+  ops::sum(ops::slice(w, 1, 1, 2)).backward();
+  EXPECT_EQ(w.grad().to_doubles(), (std::vector<double>{0, 1, 0, 1}));
+}
 // the plain graph, no recorded history inside, and a plain call when x needs no gradient.
 TEST(Autograd, RecomputeMatchesPlainGraph) {
   auto params = [] {
