@@ -9,7 +9,8 @@
 // MODEL.md random init. --profile=1 then times each layer type's forward + backward on its own
 // (same B, T) to show where a step's time goes, with its GFLOP/s (projections counted as 6 x
 // params x tokens, plus the attention core below) as a fraction of the measured peak;
-// --profile=2 times the MoE FFN alone.
+// --profile=2 times the MoE FFN alone, --profile=3 the KDA attention layer alone (each over 50
+// repetitions instead of 5, long enough to sample with perf).
 //
 // Model FLOPs per step (printed, and the basis of "fraction of peak"), forward + backward = 3x
 // the forward:
@@ -136,7 +137,8 @@ double time_median(int reps, F&& fn) {
 }
 
 // Each layer type's forward + backward on its own, against the whole step's median time.
-void profile(Decoder& m, const Tensor& ids, double step_s, double peak, bool moe_only) {
+// only: "" for every part, else the one part to time.
+void profile(Decoder& m, const Tensor& ids, double step_s, double peak, const std::string& only) {
   const ModelConfig& c = m.config();
   model::Weights& w = m.weights();
   const int64_t B = ids.size(0), T = ids.size(1), d = c.hidden_size, L = c.num_hidden_layers;
@@ -163,9 +165,9 @@ void profile(Decoder& m, const Tensor& ids, double step_s, double peak, bool moe
     double ms, flops;  // flops: forward + backward of one, 0 when not counted
   };
   std::vector<Row> rows;
-  const int reps = 5;
+  const int reps = only.empty() ? 5 : 50;
   auto add = [&](const std::string& name, int64_t count, double flops, auto&& forward) {
-    if (moe_only && name != "MoE FFN") return;
+    if (!only.empty() && name != only) return;
     if (count > 0) rows.push_back({name, count, 1e3 * time_median(reps, fwd_bwd(forward)), flops});
   };
   auto count = [&](auto&& pred) {
@@ -206,7 +208,7 @@ void profile(Decoder& m, const Tensor& ids, double step_s, double peak, bool moe
   // Embedding, final norm and the fused LM head + cross-entropy (the step's loss).
   std::vector<int64_t> tgt = ids.to_ints();
   const Tensor targets = Tensor::from_ints(tgt, {B * T});
-  if (!moe_only) {
+  if (only.empty()) {
     const int64_t Bc = B, Tc = T;
     auto head = [&, Bc, Tc] {
       w.requires_grad_(true);
@@ -332,7 +334,11 @@ int main(int argc, char** argv) {
                   copy ? "bf16 gradients into fp32" : "",
                   adamw ? (copy ? ", clip, AdamW, refresh" : "clip, AdamW") : "",
                   1e3 * median(opt_times));
-    if (prof) profile(copy ? copy->decoder() : m, ids, step_s, peak, prof == 2);
+    if (prof)
+      profile(copy ? copy->decoder() : m, ids, step_s, peak,
+              prof == 2   ? "MoE FFN"
+              : prof == 3 ? "KDA attention"
+                          : "");
     std::printf(
         "RESULT myriad tokens_per_s=%.1f step_ms=%.2f step_min_ms=%.2f B=%lld T=%lld steps=%d "
         "threads=%d loss=%.6f loss_last=%.6f optimizer=%s precision=%s flop_per_token=%.6g "
