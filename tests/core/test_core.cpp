@@ -252,8 +252,6 @@ TEST(Autograd, ShapeOpsRouteGradients) {
   EXPECT_EQ(w.grad().to_doubles(), (std::vector<double>{0, 10, 20, 30}));
 }
 
-// recompute(): the same values and gradients (into x and into the parameters fn closes over) as
-
 // A slice's backward hands back only its part, which the pass adds into that part of the input's
 // gradient (Node::Part): the parts of a split, overlapping slices, a slice next to a whole-tensor
 // use (its gradient arriving before and after the parts), and an input that is also a gradient a
@@ -304,6 +302,8 @@ TEST(Autograd, SliceGradientsAddIntoTheirPart) {
   ops::sum(ops::slice(w, 1, 1, 2)).backward();
   EXPECT_EQ(w.grad().to_doubles(), (std::vector<double>{0, 1, 0, 1}));
 }
+
+// recompute(): the same values and gradients (into x and into the parameters fn closes over) as
 // the plain graph, no recorded history inside, and a plain call when x needs no gradient.
 TEST(Autograd, RecomputeMatchesPlainGraph) {
   auto params = [] {

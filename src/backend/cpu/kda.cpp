@@ -418,8 +418,8 @@ MYRIAD_CPU_CLONES void finish_dg(int64_t cn, int64_t k, int64_t kp, int64_t vp,
     for (int64_t d = 0; d < kp; ++d) dG[r * kp + d] += dG[(r + 1) * kp + d];
 }
 
-// For r < cn: dβ_r = X_r·R_r - sum_{i<r} M_ri
-// XV_ri and dM_ri = -β_r XV_ri (dM is zero elsewhere).
+// For r < cn: dβ_r = X_r·R_r - sum_{i<r} M_ri XV_ri and dM_ri = -β_r XV_ri (dM is zero
+// elsewhere).
 MYRIAD_CPU_CLONES void beta_grads(int64_t cn, int64_t cp, int64_t vp, const float* __restrict beta,
                                   const float* __restrict X, const float* __restrict R,
                                   const float* __restrict M, const float* __restrict XV,
