@@ -22,11 +22,12 @@
 // then decode tokens/s of both, alternately, over 3 rounds. --quantize=8 (or 4) runs the figures
 // of 1. on the int8 (int4) model alone (the CLI's --quantize int8 / int4;
 // scripts/bench_vs_llamacpp.sh's q8_0 and q4_0 rows). --act=8 with int8 quantizes decode's
-// activations to int8 too (the CLI's --quantize w8a8).
+// activations to int8 too (the CLI's --quantize w8a8). --bf16=1 loads the model as bf16 (the
+// CLI's --dtype bf16; scripts/bench_vs_llamacpp.sh's bf16 rows).
 // --heldout=SHARDS (with --int8): the comparison's positions from that held-out split, with the
 // next-token loss of both models.
 //   bench_decode DIR [--ctx=1024] [--new=32] [--show=8] [--seed=1] [--batch16=1] [--int8=0]
-//                    [--quantize=0] [--act=0] [--heldout=]
+//                    [--quantize=0] [--act=0] [--bf16=0] [--heldout=]
 #include <unistd.h>
 
 #include <algorithm>
@@ -261,7 +262,7 @@ int quant_side_by_side(const std::string& dir, const model::Decoder& m, const da
 
 int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int64_t new_tokens,
             int64_t chunk, int64_t show, uint64_t seed, bool batch16, int int8, int quantize,
-            int act, const std::string& heldout) {
+            int act, bool bf16, const std::string& heldout) {
   namespace fs = std::filesystem;
   if (!fs::exists(fs::path(dir) / "model.safetensors")) {
     const model::Decoder r =
@@ -271,7 +272,7 @@ int run_dir(const std::string& dir, const data::Tokenizer& tok, int64_t ctx, int
     std::printf("saved random weights (seed %llu) to %s\n", static_cast<unsigned long long>(seed),
                 dir.c_str());
   }
-  model::Decoder m = model::Decoder::load(dir);
+  model::Decoder m = model::Decoder::load(dir, bf16 ? DType::BF16 : DType::F32);
   if (int8)
     return quant_side_by_side(dir, m, tok, ctx, new_tokens, chunk, batch16, int8 == 4 ? 4 : 8, act,
                               heldout);
@@ -350,7 +351,14 @@ int run(int argc, char** argv) {
     return 2;
   }
   const int act = static_cast<int>(take_flag(argc, argv, "act", "MYRIAD_BENCH_ACT", 0));
+  const bool bf16 = take_flag(argc, argv, "bf16", "MYRIAD_BENCH_BF16", 0) != 0;
   const std::string heldout = take_string(argc, argv, "heldout", "MYRIAD_BENCH_HELDOUT", "");
+  if (bf16 && (int8 || quantize)) {
+    std::fprintf(stderr,
+                 "bench_decode: --bf16=1 loads bf16 weights; it does not go with --int8 or "
+                 "--quantize (their models start from f32)\n");
+    return 2;
+  }
   if (act != 0 && !(act == 8 && (quantize == 8 || int8 == 1 || int8 == 8))) {
     std::fprintf(stderr, "bench_decode: --act=8 (int8 activations) goes with int8 weights\n");
     return 2;
@@ -362,6 +370,7 @@ int run(int argc, char** argv) {
               : int8          ? "f32 and quantized weights"
               : quantize == 8 ? (act ? "int8 weights and activations" : "int8 weights")
               : quantize == 4 ? "int4 weights"
+              : bf16          ? "bf16"
                               : "f32",
               omp_get_max_threads());
   const std::string dir = "/tmp/myriad_bench_decode_" + std::to_string(::getpid());
@@ -371,7 +380,7 @@ int run(int argc, char** argv) {
   std::filesystem::remove_all(dir);
   if (argc == 2)
     return run_dir(argv[1], tok, ctx, new_tokens, chunk, show, seed, batch16, int8, quantize, act,
-                   heldout);
+                   bf16, heldout);
 
   const model::ModelConfig hybrid = model::preset(preset);
   const model::ModelConfig mla = all_mla(hybrid);

@@ -8,8 +8,10 @@
 #
 # Environment: THREADS (2), REPS (2: each figure is the best of REPS runs), QUICK=1 (short
 # contexts: a smoke run of a few minutes), OUT (build/peers/bench), MYRIAD_BUILD (build/release,
-# configured with --preset release when missing), FORMATS ("f32 q8_0 w8a8 q4_0").
+# configured with --preset release when missing), FORMATS ("f32 bf16 q8_0 w8a8 q4_0").
 #
+# bf16: llama.cpp's converter writes bf16 weights, and Myriad loads the same f32 checkpoint as
+# bf16 (bench_decode --bf16=1, the CLI's --dtype bf16: bf16 weights and activations, f32 sums).
 # q8_0: llama.cpp's converter writes q8_0 weights (int8 codes, one f16 scale per 32 weights), and
 # Myriad runs the same f32 checkpoint with weight-only int8 (bench_decode --quantize=8, the CLI's
 # --quantize int8: int8 codes, one f32 scale per 32 weights; embedding, router and MLA's kv_b stay
@@ -45,7 +47,7 @@ THREADS="${THREADS:-2}"
 REPS="${REPS:-2}"
 OUT="${OUT:-$ROOT/build/peers/bench}"
 MODELS=("$@")
-FORMATS="${FORMATS:-f32 q8_0 w8a8 q4_0}"
+FORMATS="${FORMATS:-f32 bf16 q8_0 w8a8 q4_0}"
 (( ${#MODELS[@]} )) || MODELS=(k3 kimi-linear deepseek-v3)
 if [[ "${QUICK:-0}" == 1 ]]; then
   P_SHORT=128 P_LONG=512 D_SHORT=256 D_LONG=1024 NEW=16
@@ -89,9 +91,9 @@ record() {  # model, then the engine's output on stdin
 }
 
 # Myriad: bench_decode DIR (prefill of one prompt, batch 1, and optionally 16 sequences).
-run_myriad() {  # label dir ctx new batch16 [quantize [act]]
+run_myriad() {  # label dir ctx new batch16 [bench_decode flag ...]
   OMP_NUM_THREADS="$THREADS" "$BENCH_DECODE" "$2" --ctx="$3" --new="$4" --batch16="$5" --show=0 \
-    --quantize="${6:-0}" --act="${7:-0}" | record "$1"
+    "${@:6}" | record "$1"
 }
 # llama.cpp: tools/peers/llama_speed.cpp (prefill of one prompt, then PARALLEL sequences).
 run_llama() {  # label gguf ctx new parallel [extra flag]
@@ -135,17 +137,17 @@ for m in "${MODELS[@]}"; do
   }
   log "$m: $agree"
   echo "$m	$agree" >> "$CHECKS"
-  # q8_0 / q4_0: the same checkpoint in llama.cpp's format (q8_0 by its converter, q4_0 by
-  # llama_model_quantize from the f32 GGUF); top-1 against Myriad's f32 logits, printed.
+  # bf16 / q8_0 / q4_0: the same checkpoint in llama.cpp's format (bf16 and q8_0 by its converter,
+  # q4_0 by llama_model_quantize from the f32 GGUF); top-1 against Myriad's f32 logits, printed.
   quant=()  # the formats llama.cpp runs on this model
-  for f in q8_0 q4_0; do
+  for f in bf16 q8_0 q4_0; do
     [[ " $FORMATS " == *" $f "* ]] || continue
     qg="$OUT/$m.$f.gguf"
     if [[ ! -f "$qg" ]]; then
       log "$m: writing the $f GGUF"
-      if [[ $f == q8_0 ]]; then
+      if [[ $f != q4_0 ]]; then
         PYTHONPATH="$LLAMA_CPP_DIR/gguf-py" "$PY" "$ROOT/tools/peers/convert_no_vocab.py" \
-          "$LLAMA_CPP_DIR" "$dir" "$qg" q8_0 > "$OUT/$m.convert_$f.log" 2>&1 ||
+          "$LLAMA_CPP_DIR" "$dir" "$qg" "$f" > "$OUT/$m.convert_$f.log" 2>&1 ||
           { tail -20 "$OUT/$m.convert_$f.log"; exit 1; }
       else
         "$LLAMA_QUANTIZE" "$gguf" "$qg" --threads "$THREADS" > "$OUT/$m.convert_$f.log" 2>&1 ||
@@ -179,11 +181,13 @@ for m in "${MODELS[@]}"; do
           run_myriad "$m/f32" "$dir" "$D_LONG" "$((NEW / 2))" 0
         fi
         for f in "${quant[@]}"; do
-          bits=8; [[ $f == q4_0 ]] && bits=4
-          run_myriad "$m/$f" "$dir" "$P_SHORT" 8 0 "$bits"
-          run_myriad "$m/$f" "$dir" "$D_SHORT" "$NEW" 1 "$bits"
+          flag=--bf16=1
+          [[ $f == q8_0 ]] && flag=--quantize=8
+          [[ $f == q4_0 ]] && flag=--quantize=4
+          run_myriad "$m/$f" "$dir" "$P_SHORT" 8 0 "$flag"
+          run_myriad "$m/$f" "$dir" "$D_SHORT" "$NEW" 1 "$flag"
           if [[ $f == q8_0 && " $FORMATS " == *" w8a8 "* ]]; then
-            run_myriad "$m/w8a8" "$dir" "$D_SHORT" "$NEW" 1 8 8
+            run_myriad "$m/w8a8" "$dir" "$D_SHORT" "$NEW" 1 --quantize=8 --act=8
           fi
         done
       else

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "backend/cpu/cpu.h"
 #include "core/autograd.h"
 #include "infer/sampling.h"
 #include "ops/ops.h"
@@ -471,6 +472,10 @@ Engine::Engine(const model::Decoder& model, const data::Tokenizer& tokenizer, En
   need(config.prefill_chunk >= 1, "prefill_chunk must be >= 1");
   need(config.max_context >= 2, "max_context must be >= 2");
   impl_ = std::make_unique<Impl>(model, tokenizer, config);
+  // The CPU's parallel regions run on the engine's thread from here: the OpenMP workers this
+  // thread kept (a model's load, a training run) would make every region of the engine's wait for
+  // a wake-up (backend/cpu/cpu.h). Likewise each submitting thread's, in submit.
+  cpu::release_idle_workers();
   impl_->thread = std::thread([this] { impl_->loop(); });
 }
 
@@ -492,6 +497,7 @@ CachePlan Engine::plan(const Request& request) const {
 }
 
 uint64_t Engine::submit(Request request, TokenCallback on_event) {
+  cpu::release_idle_workers();
   Impl& I = *impl_;
   auto bad = [](const std::string& what) { throw std::invalid_argument("engine: " + what); };
   if (request.prompt.empty()) bad("the prompt is empty");

@@ -29,6 +29,14 @@ namespace myriad::cpu {
 // below the single-thread 139, while every decode op's region was woken for a few microseconds
 // of work.
 bool threads_sleep();
+// Gives back the calling thread's idle OpenMP workers (omp_pause_resource_all; no-op inside a
+// parallel region or where the thread has none). libgomp counts the workers of every thread that
+// has run a parallel region, and once they outnumber the CPUs it stops spinning between regions
+// in every team: workers sleep after ~100 spins, and each region then pays their wake-up. A
+// thread that hands its work to another (a model loaded here, decoded on the engine's thread)
+// calls this: on the 2-core VM, a bf16 load's conversions on the main thread had left one worker
+// there, and batch-1 decode on the engine's thread ran at half speed (50 us per region).
+void release_idle_workers();
 inline constexpr int64_t kSleepGrain = 16;
 
 // While one lives, the calling thread flushes subnormal floats to zero, as inputs and results

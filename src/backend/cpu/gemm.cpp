@@ -178,8 +178,16 @@ void scale_c(const GemmArgs& g) {
 // same order whatever m is and wherever row r sits, so a sequence decoded in a batch gets bit
 // for bit the logits it gets alone (tests/infer BatchedDecode).
 constexpr int64_t kMaxRows = ops::kFewRows;  // larger products (prefill) go to oneDNN
-constexpr int kLanes = 16;                   // f32 partial sums per product (one zmm, two ymm)
-constexpr int kTile = 4;  // tiles of up to 4 rows of B x 4 rows of A (16 accumulators)
+// How far ahead of the loads each row of B is prefetched, in bytes (8 KiB: 2048 f32, 4096 bf16,
+// 8192 int8 codes, 16384 int4). The kernels read B in tiles of 4 rows, so with a model's small
+// rows (512 elements: 1-2 KiB) a prefetch 2 KiB ahead fell in the tile's own next row, already
+// being read; 8 KiB ahead reaches the tiles after it. Batch-1 decode of the three 68-98M models
+// of scripts/bench_vs_llamacpp.sh against the earlier distances (2 KiB f32, 1 KiB bf16, 512
+// bytes int8 and int4 codes), 3 rounds alternating: bf16 1.14-1.35x, f32 1.00-1.20x, int8
+// 1.06-1.21x, w8a8 1.08-1.13x, int4 0.96-1.10x.
+constexpr int64_t kAhead = 8 << 10;
+constexpr int kLanes = 16;  // f32 partial sums per product (one zmm, two ymm)
+constexpr int kTile = 4;    // tiles of up to 4 rows of B x 4 rows of A (16 accumulators)
 
 inline void store(float* p, float v, float beta) {
   *p = beta == 0.0f ? v : v + beta * *p;
@@ -258,19 +266,20 @@ MYRIAD_CPU_CLONES void dots(const float* const* x, const T* const* w, const floa
   int64_t i = 0;
   V wv[J][N] = {}, xv[N] = {};
   for (; i + kLanes <= k; i += kLanes) {
-    // The tile's rows of B, and each row's prefetch 512 elements ahead (2 KiB of f32): the
-    // hardware prefetcher alone left a core's single-row stream at 15-19 GB/s from a 128 MiB
-    // weight (18-21 with this), and decode 5-7% slower.
+    // The tile's rows of B, and each row's prefetch kAhead bytes ahead: the hardware prefetcher
+    // alone left a core's single-row stream at 15-19 GB/s from a 128 MiB weight (18-21 with a
+    // prefetch 2 KiB ahead), and decode 5-7% slower.
     if constexpr (std::is_same_v<T, Int4>) {
 #pragma GCC unroll 4
       for (int jj = 0; jj < J; ++jj) load_nibbles<W>(wv[jj], w[jj], i);
 #pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + 256, 0, 3);
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + kAhead, 0, 3);
     } else {
 #pragma GCC unroll 4
       for (int jj = 0; jj < J; ++jj) load16<W>(wv[jj], w[jj] + i);
 #pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + 512, 0, 3);
+      for (int jj = 0; jj < J; ++jj)
+        __builtin_prefetch(w[jj] + i + kAhead / int64_t{sizeof(T)}, 0, 3);
     }
     if constexpr (kCodes<T>) {
 #pragma GCC unroll 4
@@ -500,7 +509,7 @@ __attribute__((target("avx2,fma"))) void dots_codes_avx2(const float* const* x,
     __m256 wv[J][2];
     if (i % 64 == 0)
 #pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + 512, 0, 3);
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + kAhead, 0, 3);
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) {
       const __m256 s = _mm256_set1_ps(sc[jj][i / ops::kQuantGroup]);
@@ -530,9 +539,9 @@ __attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
     for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
   for (int64_t i = 0; i + kLanes <= k; i += kLanes) {
     __m512 wv[J];
-    if (i % 64 == 0)  // a cache line of codes: prefetched 512 codes ahead, as the f32 rows' lines
+    if (i % 64 == 0)  // a cache line of codes, prefetched kAhead bytes ahead as the f32 rows'
 #pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + 512, 0, 3);
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + kAhead, 0, 3);
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[jj] + i));
@@ -542,6 +551,98 @@ __attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
     fma_rows_avx512<J, R>(acc, x, i, wv);
   }
   sum_lanes_avx512<J, R>(acc, out);
+}
+
+// dots<uint16_t, J, R, W> for bf16 rows of B, each vector widened by one load-and-zero-extend
+// and one shift (vpmovzxwd, vpslld). GCC 12 compiled the vector-extension widening as a load, an
+// extract, a second load and an insert per 16 elements: four shuffles per row of B, which bounded
+// batch-1 decode with bf16 weights by the shuffle port, at half the tokens/s of f32 weights. The
+// same lanes, products and fused multiply-adds as the generic kernel (its zero-padded tail too),
+// so the same bits.
+__attribute__((target("avx512f"), always_inline)) inline __m512 bf16_widen_avx512(
+    const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 bf16_widen_avx2(
+    const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// The last n < 16 elements of the rows of A and B, zero-padded to 16 (as load_tail).
+template <int J, int R>
+struct Bf16Tail {
+  uint16_t w[J][kLanes] = {};
+  float x[R][kLanes] = {};
+  const float* xs[R] = {};
+  Bf16Tail(const float* const* x0, const uint16_t* const* w0, int64_t i, int64_t n) {
+    for (int jj = 0; jj < J; ++jj)
+      std::memcpy(w[jj], w0[jj] + i, static_cast<size_t>(n) * sizeof(uint16_t));
+    for (int r = 0; r < R; ++r) {
+      std::memcpy(x[r], x0[r] + i, static_cast<size_t>(n) * sizeof(float));
+      xs[r] = x[r];
+    }
+  }
+};
+template <int J, int R>
+__attribute__((target("avx512f"))) void dots_bf16_avx512(const float* const* x,
+                                                         const uint16_t* const* w,
+                                                         const float* const*, int64_t k,
+                                                         float* out) {
+  __m512 acc[J][R];
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+  __m512 wv[J];
+  int64_t i = 0;
+  for (; i + kLanes <= k; i += kLanes) {
+    if (i % 32 == 0)  // a cache line of B's row, prefetched kAhead bytes ahead as the f32 rows'
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + kAhead / 2, 0, 3);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj) wv[jj] = bf16_widen_avx512(w[jj] + i);
+    fma_rows_avx512<J, R>(acc, x, i, wv);
+  }
+  if (i < k) {
+    const Bf16Tail<J, R> t(x, w, i, k - i);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj) wv[jj] = bf16_widen_avx512(t.w[jj]);
+    fma_rows_avx512<J, R>(acc, t.xs, 0, wv);
+  }
+  sum_lanes_avx512<J, R>(acc, out);
+}
+template <int J, int R>
+__attribute__((target("avx2,fma"))) void dots_bf16_avx2(const float* const* x,
+                                                        const uint16_t* const* w,
+                                                        const float* const*, int64_t k,
+                                                        float* out) {
+  __m256 acc[J][R][2];
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+  __m256 wv[J][2];
+  int64_t i = 0;
+  for (; i + kLanes <= k; i += kLanes) {
+    if (i % 32 == 0)
+#pragma GCC unroll 4
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + kAhead / 2, 0, 3);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q) wv[jj][q] = bf16_widen_avx2(w[jj] + i + 8 * q);
+    fma_rows_avx2<J, R>(acc, x, i, wv);
+  }
+  if (i < k) {
+    const Bf16Tail<J, R> t(x, w, i, k - i);
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q) wv[jj][q] = bf16_widen_avx2(t.w[jj] + 8 * q);
+    fma_rows_avx2<J, R>(acc, t.xs, 0, wv);
+  }
+  sum_lanes_avx2<J, R>(acc, out);
 }
 
 // dots<Int4, J, R, 16> a group (32 codes, 16 bytes) per step: one load and widening per row of B
@@ -563,9 +664,9 @@ __attribute__((target("avx512f"))) void dots_nibbles_avx512(const float* const* 
   const __m512 codes = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t i = 0; i + G <= k; i += G) {
     __m512 lo[J], hi[J];
-    if (i % 128 == 0)  // a cache line of codes, 256 bytes (512 codes) ahead
+    if (i % 128 == 0)  // a cache line of codes, kAhead bytes ahead
 #pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + 256, 0, 3);
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + kAhead, 0, 3);
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibble_bytes(w[jj], i)));
@@ -595,7 +696,7 @@ q8_block_avx512(__m512 (&acc)[J][R], const QRow* x, const int8_t* const* w, cons
   __m512 ws[J];
 #pragma GCC unroll 4
   for (int jj = 0; jj < J; ++jj) {
-    __builtin_prefetch(w[jj] + 64 * b + 512, 0, 3);
+    __builtin_prefetch(w[jj] + 64 * b + kAhead, 0, 3);
     // The last block of an odd group count holds one group: the rest of its codes read as 0 (the
     // activations' codes and scales there are 0 too).
     const __m512i c = Half ? _mm512_maskz_loadu_epi8(0xffffffffull, w[jj] + 64 * b)
@@ -685,7 +786,7 @@ __attribute__((target("avx2,fma"))) void dots_q8_avx2(const QRow* x, const int8_
     __m256i wv[J], aw[J];
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) {
-      if (h == 0) __builtin_prefetch(w[jj] + e + 512, 0, 3);
+      if (h == 0) __builtin_prefetch(w[jj] + e + kAhead, 0, 3);
       wv[jj] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[jj] + e));
       aw[jj] = _mm256_sign_epi8(wv[jj], wv[jj]);
     }
@@ -724,7 +825,7 @@ __attribute__((target("avx2,fma"))) void dots_nibbles_avx2(const float* const* x
     __m256 lo[J][2], hi[J][2];
     if (i % 128 == 0)
 #pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + 256, 0, 3);
+      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(nibble_bytes(w[jj], i) + kAhead, 0, 3);
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) {
       const __m256 s = _mm256_set1_ps(sc[jj][i / G]);
@@ -757,16 +858,27 @@ MYRIAD_DOTS_TABLE(nibbles_table_avx2, dots_nibbles_avx2)
 MYRIAD_DOTS_TABLE(nibbles_table_avx512, dots_nibbles_avx512)
 MYRIAD_DOTS_TABLE(q8_table_avx2, dots_q8_avx2)
 MYRIAD_DOTS_TABLE(q8_table_avx512, dots_q8_avx512)
+MYRIAD_DOTS_TABLE(bf16_table_avx2, dots_bf16_avx2)
+MYRIAD_DOTS_TABLE(bf16_table_avx512, dots_bf16_avx512)
 #undef MYRIAD_DOTS_TABLE
 #endif
 
-// The dots for T at the width wide_vectors() picks; int8 and int4 codes take the instructions above
+// The dots for T at the width wide_vectors() picks; bf16, int8 and int4 take the instructions above
 // where the CPU has them (a forced width the CPU lacks runs the generic code).
 template <class T>
 const auto& dots_for() {
   static constexpr auto wide = dots_table<T, 16>(std::make_index_sequence<kTile * kTile>{});
   static constexpr auto narrow = dots_table<T, 8>(std::make_index_sequence<kTile * kTile>{});
 #if defined(MYRIAD_CODE_INTRINSICS)
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    constexpr auto seq = std::make_index_sequence<kTile * kTile>{};
+    static constexpr auto v4 = bf16_table_avx512(seq);
+    static constexpr auto v3 = bf16_table_avx2(seq);
+    static const bool has512 = __builtin_cpu_supports("avx512f");
+    static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (wide_vectors()) return has512 ? v4 : wide;
+    return has2 ? v3 : narrow;
+  }
   if constexpr (kCodes<T>) {
     constexpr auto seq = std::make_index_sequence<kTile * kTile>{};
     static constexpr auto v4 = [&] {
@@ -932,7 +1044,7 @@ void few_rows(const std::vector<GemmArgs>& gs) {
 }
 
 bool takes_few_rows(const GemmArgs& g) {
-  return g.m <= kMaxRows && g.trans_b && !g.trans_a && g.k > 0;
+  return g.m <= (g.dtype == DType::BF16 ? 4 : kMaxRows) && g.trans_b && !g.trans_a && g.k > 0;
 }
 
 // The calling thread's scratchpad, grown to the largest a primitive asks for (page-aligned).

@@ -1,5 +1,5 @@
-// How the OpenMP runtime waits and how wide the CPU's vectors are, read once, and the scoped
-// flushing of subnormal floats (see cpu.h).
+// How the OpenMP runtime waits (and giving back idle workers), how wide the CPU's vectors are, read
+// once, and the scoped flushing of subnormal floats (see cpu.h).
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
@@ -20,6 +20,10 @@ bool threads_sleep() {
     return s == "passive";
   }();
   return sleep;
+}
+
+void release_idle_workers() {
+  if (!omp_in_parallel()) omp_pause_resource_all(omp_pause_soft);
 }
 
 namespace {
