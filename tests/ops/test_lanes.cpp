@@ -1,6 +1,8 @@
 // The hand-written CPU kernels (flash attention, KDA, the few-row GEMM) run 16-lane vectors on
 // AVX-512 CPUs and 8-lane ones elsewhere (backend/cpu/cpu.h, Lanes). Every sum keeps its order
 // whatever the width, so both widths must give the same bits: forward and backward, f32 and bf16.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -83,6 +85,26 @@ TEST(CpuThreads, FlushSubnormalsIsScoped) {
 #else
   GTEST_SKIP() << "x86 only";
 #endif
+}
+
+// The branch-free softplus the CPU unary kernel vectorises (libm's log1pf does not): within 8 ulp
+// of log1p(exp(x)) in double wherever that is a normal float, x itself above 20.
+TEST(CpuMath, FastSoftplusIsCloseToLog1pExp) {
+  double worst = 0;
+  for (double x = -80; x <= 80; x += 1.0 / 1024) {
+    const float xf = static_cast<float>(x), y = cpu::fast_softplus(xf);
+    const double want = std::log1p(std::exp(static_cast<double>(xf)));
+    const double rel = std::fabs(y - want) / want;
+    worst = std::max(worst, rel);
+    ASSERT_LT(rel, 8 * 5.97e-8) << "x " << xf << ": " << y << " against " << want;
+    if (xf > 20) {
+      ASSERT_EQ(y, xf);
+    }
+  }
+  EXPECT_GT(worst, 0.0);  // not exact: the bound above is what is checked
+  EXPECT_EQ(cpu::fast_softplus(-100.0f), 0.0f);
+  EXPECT_EQ(cpu::fast_softplus(100.0f), 100.0f);
+  EXPECT_EQ(cpu::fast_softplus(0.0f), static_cast<float>(std::log(2.0)));
 }
 
 }  // namespace

@@ -14,18 +14,14 @@ namespace {
 using ops::BinaryOp;
 using ops::UnaryOp;
 
-// Loads n values of dtype t at p (stride 0 or 1) into f32 buffer dst.
-inline void load_row(const void* p, DType t, int64_t stride, int64_t n, float* dst) {
-  if (t == DType::F32) {
-    const float* s = static_cast<const float*>(p);
-    if (stride == 1)
-      std::memcpy(dst, s, n * 4);
-    else
-      for (int64_t i = 0; i < n; ++i) dst[i] = s[0];
-  } else {
-    const uint16_t* s = static_cast<const uint16_t*>(p);
-    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_load(s[i * stride]);
-  }
+// Loads the n values of a bf16 row at p (stride 1) into the f32 buffer dst, or (stride 0) its
+// one value into dst[0]: the row kernels take a broadcast operand with stride 0.
+inline void load_bf16_row(const void* p, int64_t stride, int64_t n, float* dst) {
+  const uint16_t* s = static_cast<const uint16_t*>(p);
+  if (stride == 1)
+    bf16_row_to_f32(s, dst, n);  // vectorised per CPU clone
+  else
+    dst[0] = bf16_load(s[0]);
 }
 
 template <BinaryOp OP>
@@ -137,9 +133,9 @@ void binary_cpu(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
       }
       for (int64_t s = 0; s < len; s += 1024) {
         int64_t m = std::min<int64_t>(1024, len - s);
-        load_row(pa + (a_off + s * sa_) * es, DType::BF16, sa_, m, bufa);
-        load_row(pb + (b_off + s * sb_) * es, DType::BF16, sb_, m, bufb);
-        row(bufa, 1, bufb, 1, bufo, m);
+        load_bf16_row(pa + (a_off + s * sa_) * es, sa_, m, bufa);
+        load_bf16_row(pb + (b_off + s * sb_) * es, sb_, m, bufb);
+        row(bufa, sa_, bufb, sb_, bufo, m);
         f32_row_to_bf16(bufo, reinterpret_cast<uint16_t*>(po) + o_off + s, m);
       }
     };
@@ -190,6 +186,7 @@ inline float un(float x) {
   if constexpr (OP == UnaryOp::Sigmoid) return 1.0f / (1.0f + fast_exp(-x));
   if constexpr (OP == UnaryOp::Silu) return x / (1.0f + fast_exp(-x));
   if constexpr (OP == UnaryOp::Tanh) return 1.0f - 2.0f / (1.0f + fast_exp(2.0f * x));
+  if constexpr (OP == UnaryOp::Softplus) return fast_softplus(x);
   return ops::apply_unary<float>(OP, x);
 }
 template <UnaryOp OP>
