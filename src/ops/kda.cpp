@@ -205,15 +205,6 @@ Tensor kda_gate_lower_bound(const Tensor& z, const Tensor& A_log, const Tensor& 
   return reshape(mul(sigmoid(x), g_min), z.shape());
 }
 
-Tensor l2norm(const Tensor& x, double eps) {
-  check_inputs("l2norm", {&x});
-  check_floating("l2norm", x);
-  MYRIAD_CHECK(x.dim() >= 1, "l2norm: expected at least one dimension, got ", x.desc());
-  Tensor xa = cast(x, acc_dtype(x.dtype()));
-  Tensor y = mul(xa, rsqrt(add(sum(square(xa), {-1}, /*keepdim=*/true), eps)));
-  return cast(y, x.dtype());
-}
-
 // ---- reference kernels: the recurrent form (§4.3) in double ----
 namespace {
 

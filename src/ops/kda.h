@@ -15,6 +15,7 @@
 #pragma once
 #include "core/tensor.h"
 #include "ops/dispatch.h"
+#include "ops/rmsnorm.h"
 
 namespace myriad::ops {
 
@@ -45,9 +46,7 @@ KdaOutput kda_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 Tensor kda_gate_softplus(const Tensor& z, const Tensor& A_log, const Tensor& dt_bias = {});
 Tensor kda_gate_lower_bound(const Tensor& z, const Tensor& A_log, const Tensor& dt_bias = {},
                             double g_min = -5.0);
-// x / sqrt(sum(x^2) + eps) over the last dimension, computed in f32 (f64 for f64), returned in
-// x's dtype (fla's l2norm).
-Tensor l2norm(const Tensor& x, double eps = 1e-6);
+// l2norm (fla's, for q and k): ops/rmsnorm.h.
 
 // ---- kernels ----
 // q, k, v contiguous in one dtype X; g, beta, h0 contiguous in the accumulation dtype A (f64

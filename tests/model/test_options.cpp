@@ -360,7 +360,10 @@ TEST(Admission, HardRuleAdmittingEverythingEqualsTheSoftRule) {
     ForwardOutput full = m.forward(ids);
     EXPECT_LT(full.admission_rate.item(), 0.8);  // the bias is far from 0
     DecodeCache cache;
-    EXPECT_LE(max_abs_diff(decode_logits(m, ids, 5, &cache), full.logits_BTV), 1e-4);
+    // Logits up to ~4.4: the recurrent decode and the chunked forward round differently, and
+    // through AttnRes that reaches 3e-5 to 1.2e-4 over seeds (a wrong cache is off by far more).
+    const double tol = 2e-4;
+    EXPECT_LE(max_abs_diff(decode_logits(m, ids, 5, &cache), full.logits_BTV), tol);
     EXPECT_EQ(cache.mla[2].length(), W);        // the window ...
     EXPECT_EQ(cache.mla[2].admitted(), T - W);  // ... and everything that left it
     EXPECT_EQ(cache.mla[2].count, T);
@@ -370,8 +373,8 @@ TEST(Admission, HardRuleAdmittingEverythingEqualsTheSoftRule) {
     Tensor b = ops::concat(
         {m.forward(cols(ids, 0, 6), &two).logits_BTV, m.forward(cols(ids, 6, T), &two).logits_BTV},
         1);
-    EXPECT_LE(max_abs_diff(a, full.logits_BTV), 1e-4);
-    EXPECT_LE(max_abs_diff(b, full.logits_BTV), 1e-4);
+    EXPECT_LE(max_abs_diff(a, full.logits_BTV), tol);
+    EXPECT_LE(max_abs_diff(b, full.logits_BTV), tol);
   }
   // At its init (+4, a ≈ 0.98) the default tau_adm = 0.5 admits everything as well.
   const ModelConfig c = admission_config();

@@ -23,6 +23,9 @@ TEST_P(RmsNorm, MatchesReference) {
     expect_matches_reference_all("rms_norm " + shape_str(s), rms_fn(1e-5), {x, w}, backend());
     expect_matches_reference_all("rms_norm no weight " + shape_str(s), rms_fn(1e-6), {x},
                                  backend());
+    expect_matches_reference_all(
+        "l2norm " + shape_str(s), [](const std::vector<Tensor>& v) { return ops::l2norm(v[0]); },
+        {x}, backend());
   }
 }
 
@@ -85,6 +88,8 @@ TEST(RmsNormGrad, Gradcheck) {
   Tensor w = randu({6}, 12, 0.5, 1.5).requires_grad_();
   expect_gradcheck("rms_norm", rms_fn(1e-5), {x, w});
   expect_gradcheck("rms_norm no weight", rms_fn(1e-5), {x});
+  expect_gradcheck("l2norm, eps 0.1",
+                   [](const std::vector<Tensor>& v) { return ops::l2norm(v[0], 0.1); }, {x});
   Tensor x3 = randn({2, 2, 5}, 13).requires_grad_();
   Tensor w3 = randn({5}, 14).requires_grad_();
   expect_gradcheck("rms_norm 3-d, eps 0.1", rms_fn(0.1), {x3, w3});

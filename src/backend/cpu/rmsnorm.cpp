@@ -1,6 +1,7 @@
-// Optimised CPU RMSNorm over rows of [rows, n]: f32 or bf16 in, f32 math, vectorised through
-// runtime-dispatched clones, threaded over rows. The backward sums gw in per-chunk partials that
-// are reduced afterwards, so no two threads write the same accumulator.
+// Optimised CPU RMSNorm (and l2norm, its sum-of-squares form) over rows of [rows, n]: f32 or bf16
+// in, f32 math, vectorised through runtime-dispatched clones, threaded over rows. The backward sums
+// gw in per-chunk partials that are reduced afterwards, so no two threads write the same
+// accumulator.
 #include <cmath>
 #include <vector>
 
@@ -16,10 +17,11 @@ MYRIAD_ROW_INLINE float maybe_bf16(float v, bool round) {
   return round ? bf16_load(bf16_store(v)) : v;
 }
 
-// y = cast(x * rstd) * w (w may be null); returns rstd.
-MYRIAD_CPU_CLONES float rms_norm_row(const float* x, const float* w, float eps, float* y, int64_t n,
-                                     bool round) {
-  const float rs = 1.0f / std::sqrt(row_dot(x, x, n) / static_cast<float>(n) + eps);
+// y = cast(x * rstd) * w (w may be null) with rstd = 1 / sqrt(sum(x²) / div + eps) (div n for
+// RMSNorm, 1 for l2norm); returns rstd.
+MYRIAD_CPU_CLONES float rms_norm_row(const float* x, const float* w, float eps, float div, float* y,
+                                     int64_t n, bool round) {
+  const float rs = 1.0f / std::sqrt(row_dot(x, x, n) / div + eps);
   if (w)
     for (int64_t i = 0; i < n; ++i) y[i] = maybe_bf16(x[i] * rs, round) * w[i];
   else
@@ -27,9 +29,9 @@ MYRIAD_CPU_CLONES float rms_norm_row(const float* x, const float* w, float eps, 
   return rs;
 }
 
-// gx = rs * (g - x̂ * mean(g * x̂)) with g = gy * w, x̂ = x * rs; gw_acc += gy * cast(x̂).
+// gx = rs * (g - x̂ * sum(g * x̂) / div) with g = gy * w, x̂ = x * rs; gw_acc += gy * cast(x̂).
 // gx may alias gy.
-MYRIAD_CPU_CLONES void rms_norm_backward_row(const float* x, const float* w, float rs,
+MYRIAD_CPU_CLONES void rms_norm_backward_row(const float* x, const float* w, float rs, float div,
                                              const float* gy, float* gx, float* gw_acc, float* tmp,
                                              int64_t n, bool round) {
   const float* g = gy;
@@ -39,7 +41,7 @@ MYRIAD_CPU_CLONES void rms_norm_backward_row(const float* x, const float* w, flo
   }
   if (gw_acc)
     for (int64_t i = 0; i < n; ++i) gw_acc[i] += gy[i] * maybe_bf16(x[i] * rs, round);
-  const float dot = row_dot(g, x, n) * rs / static_cast<float>(n);
+  const float dot = row_dot(g, x, n) * rs / div;
   for (int64_t i = 0; i < n; ++i) gx[i] = rs * (g[i] - x[i] * rs * dot);
 }
 
@@ -55,9 +57,16 @@ const float* weight_f32(const Tensor& w, std::vector<float>& buf) {
   return io.load(0, w.numel(), buf.data());
 }
 
-void rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd) {
+// The divisor of the sum of squares: n for RMSNorm's mean, 1 for l2norm's sum.
+float divisor(ops::NormOf of, int64_t n) {
+  return of == ops::NormOf::MeanSquare ? static_cast<float>(n) : 1.0f;
+}
+
+void rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps, ops::NormOf of, Tensor& y,
+                  Tensor& rstd) {
   check_row_dtype("rms_norm", x.dtype());
   const int64_t rows = x.shape()[0], n = x.shape()[1];
+  const float div = divisor(of, n);
   std::vector<float> wbuf;
   const float* w = weight_f32(weight, wbuf);
   RowIO in(x), out(y);
@@ -67,16 +76,18 @@ void rms_norm_cpu(const Tensor& x, const Tensor& weight, double eps, Tensor& y, 
     std::vector<float> bx(in.f32 ? 0 : n), by(in.f32 ? 0 : n);
     for (int64_t r = b; r < e; ++r) {
       float* dst = out.f32 ? out.row_f32(r, n) : by.data();
-      rs[r] = rms_norm_row(in.load(r, n, bx.data()), w, static_cast<float>(eps), dst, n, round);
+      rs[r] =
+          rms_norm_row(in.load(r, n, bx.data()), w, static_cast<float>(eps), div, dst, n, round);
       out.store(r, n, dst);
     }
   });
 }
 
 void rms_norm_backward_cpu(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                           const Tensor& gy, Tensor& gx, Tensor& gw) {
+                           ops::NormOf of, const Tensor& gy, Tensor& gx, Tensor& gw) {
   check_row_dtype("rms_norm_backward", x.dtype());
   const int64_t rows = x.shape()[0], n = x.shape()[1];
+  const float div = divisor(of, n);
   std::vector<float> wbuf;
   const float* w = weight_f32(weight, wbuf);
   RowIO ix(x), ig(gy), og(gx);
@@ -94,7 +105,7 @@ void rms_norm_backward_cpu(const Tensor& x, const Tensor& weight, const Tensor& 
         const float* xr = ix.load(r, n, bx.data());
         const float* gr = ig.load(r, n, bg.data());
         float* dst = og.f32 ? og.row_f32(r, n) : bg.data();
-        rms_norm_backward_row(xr, w, rs[r], gr, dst, acc, tmp.data(), n, round);
+        rms_norm_backward_row(xr, w, rs[r], div, gr, dst, acc, tmp.data(), n, round);
         og.store(r, n, dst);
       }
     }

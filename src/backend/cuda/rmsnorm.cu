@@ -1,6 +1,7 @@
-// CUDA RMSNorm over the rows of a contiguous [rows, n] tensor (MODEL.md §2): x̂ = x * rstd in f32
-// (f64 for f64), cast to x's dtype, then times the weight. The backward writes gx row by row and
-// sums gw over rows in two deterministic passes: per-chunk partial sums in f32, then their total.
+// CUDA RMSNorm (and l2norm, its sum-of-squares form) over the rows of a contiguous [rows, n]
+// tensor (MODEL.md §2): x̂ = x * rstd in f32 (f64 for f64), cast to x's dtype, then times the
+// weight. The backward writes gx row by row and sums gw over rows in two deterministic passes:
+// per-chunk partial sums in f32, then their total.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -18,7 +19,7 @@ __device__ Acc<T> rounded(Acc<T> v) {
 }
 
 template <class T>
-__global__ void rms_norm_kernel(const T* x, const T* w, Acc<T> eps, T* y, Acc<T>* rstd,
+__global__ void rms_norm_kernel(const T* x, const T* w, Acc<T> eps, Acc<T> div, T* y, Acc<T>* rstd,
                                 int64_t rows, int64_t n) {
   using A = Acc<T>;
   __shared__ A scratch[32];
@@ -31,7 +32,7 @@ __global__ void rms_norm_kernel(const T* x, const T* w, Acc<T> eps, T* y, Acc<T>
       ss += v * v;
     }
     ss = block_sum(ss, scratch);
-    const A rs = A(1) / std::sqrt(ss / static_cast<A>(n) + eps);
+    const A rs = A(1) / std::sqrt(ss / div + eps);
     if (threadIdx.x == 0) rstd[row] = rs;
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       A h = rounded<T>(ld(px[k]) * rs);
@@ -40,10 +41,10 @@ __global__ void rms_norm_kernel(const T* x, const T* w, Acc<T> eps, T* y, Acc<T>
   }
 }
 
-// With g = gy * w and x̂ = x * rstd: gx = rstd * (g - x̂ * mean(g * x̂)).
+// With g = gy * w and x̂ = x * rstd: gx = rstd * (g - x̂ * sum(g * x̂) / div).
 template <class T>
-__global__ void rms_norm_backward_kernel(const T* x, const T* w, const Acc<T>* rstd, const T* gy,
-                                         T* gx, int64_t rows, int64_t n) {
+__global__ void rms_norm_backward_kernel(const T* x, const T* w, const Acc<T>* rstd, Acc<T> div,
+                                         const T* gy, T* gx, int64_t rows, int64_t n) {
   using A = Acc<T>;
   __shared__ A scratch[32];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -56,7 +57,7 @@ __global__ void rms_norm_backward_kernel(const T* x, const T* w, const Acc<T>* r
       A g = w ? ld(pg[k]) * ld(w[k]) : ld(pg[k]);
       dot += g * (ld(px[k]) * rs);
     }
-    dot = block_sum(dot, scratch) / static_cast<A>(n);
+    dot = block_sum(dot, scratch) / div;
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       A g = w ? ld(pg[k]) * ld(w[k]) : ld(pg[k]);
       po[k] = st<T>(rs * (g - ld(px[k]) * rs * dot));
@@ -104,7 +105,14 @@ void check_stats_dtype(const char* op, const Tensor& rstd) {
                rstd.desc());
 }
 
-void rms_norm_cuda(const Tensor& x, const Tensor& weight, double eps, Tensor& y, Tensor& rstd) {
+// The divisor of the sum of squares: n for RMSNorm's mean, 1 for l2norm's sum.
+template <class A>
+A divisor(ops::NormOf of, int64_t n) {
+  return of == ops::NormOf::MeanSquare ? static_cast<A>(n) : A(1);
+}
+
+void rms_norm_cuda(const Tensor& x, const Tensor& weight, double eps, ops::NormOf of, Tensor& y,
+                   Tensor& rstd) {
   const int64_t rows = x.shape()[0], n = x.shape()[1];
   if (rows == 0) return;
   dispatch_float("rms_norm", x.dtype(), [&](auto tag) {
@@ -112,12 +120,12 @@ void rms_norm_cuda(const Tensor& x, const Tensor& weight, double eps, Tensor& y,
     check_stats_dtype<T>("rms_norm", rstd);
     launch("rms_norm", y.device().index, grid_for(rows, 1), row_threads(n), &rms_norm_kernel<T>,
            cptr<T>(x), weight.defined() ? cptr<T>(weight) : nullptr, static_cast<Acc<T>>(eps),
-           mptr<T>(y), mptr<Acc<T>>(rstd), rows, n);
+           divisor<Acc<T>>(of, n), mptr<T>(y), mptr<Acc<T>>(rstd), rows, n);
   });
 }
 
 void rms_norm_backward_cuda(const Tensor& x, const Tensor& weight, const Tensor& rstd,
-                            const Tensor& gy, Tensor& gx, Tensor& gw) {
+                            ops::NormOf of, const Tensor& gy, Tensor& gx, Tensor& gw) {
   const char* name = "rms_norm_backward";
   const int64_t rows = x.shape()[0], n = x.shape()[1];
   const int dev = gx.device().index;
@@ -127,8 +135,8 @@ void rms_norm_backward_cuda(const Tensor& x, const Tensor& weight, const Tensor&
     check_stats_dtype<T>(name, rstd);
     if (rows > 0)
       launch(name, dev, grid_for(rows, 1), row_threads(n), &rms_norm_backward_kernel<T>, cptr<T>(x),
-             weight.defined() ? cptr<T>(weight) : nullptr, cptr<A>(rstd), cptr<T>(gy), mptr<T>(gx),
-             rows, n);
+             weight.defined() ? cptr<T>(weight) : nullptr, cptr<A>(rstd), divisor<A>(of, n),
+             cptr<T>(gy), mptr<T>(gx), rows, n);
     if (!gw.defined() || n == 0) return;
     // Enough row chunks for ~1024 blocks in the first pass, at least 64 rows each.
     const int64_t col_tiles = (n + kCols - 1) / kCols;
