@@ -126,7 +126,7 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
   MYRIAD_CHECK(v >= 1, name, ": w needs at least one class, got ", w.desc());
   const double count = check_targets(name, targets, n, v, weights);
   const DType dt = h.dtype(), ct = compute_dtype(dt);
-  const bool low = dt != ct;  // bf16/f16 inputs: GEMMs in dt, softmax and dw in f32
+  const bool low = dt != ct;  // bf16/f16 inputs: GEMMs in dt, softmax and the sum of dw in f32
   const bool gh = needs_grad({&h}), gw = needs_grad({&w});
   Tensor hc = h.contiguous(), wc = w.contiguous(), tg = targets.contiguous();
   const Tensor wt = weights.defined() ? weights.detach().to(ct).to(dev).contiguous() : Tensor();
@@ -138,7 +138,9 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
   const int64_t c = std::max<int64_t>(1, std::min(chunk_rows, n));
   Tensor logits = Tensor::empty({c, v}, ct, dev);
   Tensor logits_low = low ? Tensor::empty({c, v}, dt, dev) : Tensor();
-  Tensor h_f32 = low && gw ? Tensor::empty({c, d}, ct, dev) : Tensor();
+  // bf16 inputs: each chunk's dw as a bf16 GEMM (f32 accumulation inside, on the bf16 dlogits the
+  // dh GEMM uses), added into the f32 dw.
+  Tensor dw_low = low && gw ? Tensor::empty({v, d}, dt, dev) : Tensor();
   auto gemm_args = [&](DType t) {
     GemmArgs a;
     a.dtype = t;
@@ -163,29 +165,29 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
       lm.copy_(mul(lm, wm));
       if (gh || gw) lg.copy_(mul(lg, reshape(wm, {m, 1})));
     }
+    Tensor dl = lg;  // dlogits in dt
+    if (low && (gh || gw)) {
+      dl = rows(logits_low, 0, m);
+      dl.copy_(lg);
+    }
     if (gh) {  // dh_chunk = dlogits . w
-      Tensor dl = lg;
-      if (low) {
-        dl = rows(logits_low, 0, m);
-        dl.copy_(lg);
-      }
       GemmArgs b = gemm_args(dt);
       b.m = m, b.n = d, b.k = v;
       b.a = dl.data_ptr(), b.lda = v, b.b = wc.data_ptr(), b.ldb = d;
       b.c = rows(dh, r0, m).data_ptr(), b.ldc = d;
       gemm(b);
     }
-    if (gw) {  // dw += dlogits^T . h_chunk, in f32
-      Tensor hf = hm;
-      if (low) {
-        hf = rows(h_f32, 0, m);
-        hf.copy_(hm);
-      }
-      GemmArgs b = gemm_args(ct);
+    if (gw) {  // dw += dlogits^T . h_chunk
+      GemmArgs b = gemm_args(dt);
       b.m = v, b.n = d, b.k = m, b.trans_a = true;
-      b.a = lg.data_ptr(), b.lda = v, b.b = hf.data_ptr(), b.ldb = d;
-      b.c = dw.data_ptr(), b.ldc = d, b.beta = r0 == 0 ? 0.0f : 1.0f;
+      b.a = dl.data_ptr(), b.lda = v, b.b = hm.data_ptr(), b.ldb = d;
+      b.c = (low ? dw_low : dw).data_ptr(), b.ldc = d, b.beta = r0 == 0 || low ? 0.0f : 1.0f;
       gemm(b);
+      if (low && r0 == 0) {
+        dw.copy_(dw_low);
+      } else if (low) {
+        add_(dw, dw_low.to(ct));
+      }
     }
   }
   Tensor out = mean_loss(loss_rows, count);
