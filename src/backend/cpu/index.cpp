@@ -88,11 +88,15 @@ inline float load(uint16_t v) {
 
 // acc [outer, no, inner] += scatter of src [outer, ns, inner]. A work unit is one outer row and
 // one block of inner columns: it alone writes those columns of that row, visiting src in order,
-// so duplicate indices accumulate deterministically without atomics.
+// so duplicate indices accumulate deterministically without atomics (the same bits whatever the
+// blocks). Blocks are halved (down to 64 columns) until there are two units per thread: an
+// index_add along dim 0 (a MoE's weighted sum, the backward of its gather) has one outer row.
 template <class S, class I>
 void scatter_into(float* acc, const S* src, const I* idx, IndexDims dout, IndexDims ds,
                   bool per_slice) {
-  const int64_t inner = ds.inner, block = std::min<int64_t>(inner, 512);
+  const int64_t inner = ds.inner, units = 2 * static_cast<int64_t>(omp_get_max_threads());
+  int64_t block = std::min<int64_t>(inner, 512);
+  while (block > 64 && ds.outer * ((inner + block - 1) / block) < units) block = (block + 1) / 2;
   const int64_t nblocks = block ? (inner + block - 1) / block : 0;
   parallel_for(ds.outer * nblocks, std::max<int64_t>(1, 16384 / std::max<int64_t>(ds.n * block, 1)),
                [&](int64_t b, int64_t e) {
