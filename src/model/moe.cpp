@@ -154,8 +154,8 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
   Routing r = route(x_ND);
   // Every (token, slot) choice in expert order, tokens ascending within an expert: counts and
   // offsets in one pass (host bookkeeping of the discrete choice). The experts then run as
-  // grouped GEMMs over those contiguous rows, and the weighted outputs are summed back per token
-  // in increasing expert order, as transformers sums.
+  // grouped GEMMs over those contiguous rows, and the outputs are weighted and summed back per
+  // token in one op (weighted_index_add), in increasing expert order, as transformers sums.
   const std::vector<int64_t> ids = r.idx_NK.to_ints();
   std::vector<int64_t> count(n_ + 1, 0);
   for (int64_t j : ids) ++count[j + 1];
@@ -180,10 +180,8 @@ Tensor Moe::forward(const Tensor& x_BTD) const {
   Tensor xs = ops::index_select(xin, 0, tok_t);
   const std::vector<int64_t> per_expert(count.begin() + 1, count.end());
   Tensor ys = runner_ ? runner_->run(*this, xs, per_expert) : run_experts(xs, per_expert, 0);
-  Tensor p_flat = ops::reshape(r.p_NK, {M});
-  ys = ops::mul(ys, ops::unsqueeze(ops::index_select(p_flat, 0, slot_t), 1));
-  Tensor y =
-      ops::index_add(Tensor::zeros({N, xin.size(1)}, xin.dtype(), xin.device()), 0, tok_t, ys);
+  Tensor p_M = ops::index_select(ops::reshape(r.p_NK, {M}), 0, slot_t);
+  Tensor y = ops::weighted_index_add(N, tok_t, ys, p_M.to(ys.dtype()));
   if (latent_) {
     if (latent_norm_) y = ops::rms_norm(y, w("routed_expert_norm.weight"), eps_);
     y = lin(y, "routed_expert_up_proj.weight");

@@ -1,11 +1,11 @@
 // The routed-expert FFN (MODEL.md §6; REFERENCE_NOTES §7): sigmoid router whose selection uses
 // the score plus the correction bias (selection only), DeepSeek group-limited selection when
 // num_expert_group > 1, top-k, weights from the unbiased scores renormalised (+1e-20) and times
-// routed_scaling_factor; experts run on their tokens (index_select), combined with index_add
-// weighted by p (differentiable in p and the experts). Router mode latent_similarity (MODEL.md
-// §12.2): s_j = σ(<W_rd x, e_j> / √d_r), a rank-d_r factorisation of the full router; selection,
-// bias, renormalisation and scaling are unchanged. Optional K3 latent path: experts work in
-// a latent width ℓ between routed_expert_down_proj and an RMSNorm + routed_expert_up_proj.
+// routed_scaling_factor; experts run on their tokens (index_select), combined with
+// weighted_index_add by p (differentiable in p and the experts). Router mode latent_similarity
+// (MODEL.md §12.2): s_j = σ(<W_rd x, e_j> / √d_r), a rank-d_r factorisation of the full router;
+// selection, bias, renormalisation and scaling are unchanged. Optional K3 latent path: experts work
+// in a latent width ℓ between routed_expert_down_proj and an RMSNorm + routed_expert_up_proj.
 // Shared experts are one fused GLU MLP added unscaled.
 #pragma once
 #include <string>

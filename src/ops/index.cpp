@@ -6,11 +6,21 @@
 
 #include "core/autograd.h"
 #include "ops/check.h"
+#include "ops/elementwise.h"
+#include "ops/shape.h"
 
 namespace myriad::ops {
 
 KernelTable<GatherKernel>& gather_kernels() {
   static KernelTable<GatherKernel> t("gather");
+  return t;
+}
+KernelTable<WeightedIndexAddKernel>& weighted_index_add_kernels() {
+  static KernelTable<WeightedIndexAddKernel> t("weighted_index_add");
+  return t;
+}
+KernelTable<WeightedIndexAddBackwardKernel>& weighted_index_add_backward_kernels() {
+  static KernelTable<WeightedIndexAddBackwardKernel> t("weighted_index_add_backward");
   return t;
 }
 KernelTable<ScatterAddKernel>& scatter_add_kernels() {
@@ -197,6 +207,38 @@ Tensor index_add(const Tensor& base, int64_t dim, const Tensor& idx, const Tenso
   return index_add_impl(base, dim, iv, src);
 }
 
+Tensor weighted_index_add(int64_t n, const Tensor& idx, const Tensor& src, const Tensor& w) {
+  const char* op = "weighted_index_add";
+  const Device dev = check_inputs(op, {&idx, &src, &w});
+  check_index_dtype(op, idx);
+  check_floating(op, src);
+  check_same_dtype(op, {&src, &w});
+  MYRIAD_CHECK(n >= 0, op, ": the number of output rows must be non-negative, got ", n);
+  MYRIAD_CHECK(src.dim() == 2 && idx.dim() == 1 && w.dim() == 1 && idx.numel() == src.size(0) &&
+                   w.numel() == src.size(0),
+               op, ": expected src [M, D], idx [M] and w [M], got ", descs({&src, &idx, &w}));
+  check_bounds(op, "index", idx, n, cat("of ", n, " output rows"));
+  const Backend b = backend_for(dev, src.dtype());
+  if (!weighted_index_add_kernels().has(b)) {  // no fused kernel (CUDA today): the three ops
+    Tensor ws = mul(src, unsqueeze(w, 1));
+    return index_add(Tensor::zeros({n, src.size(1)}, src.dtype(), dev), 0, idx, ws);
+  }
+  const Tensor ic = idx.contiguous(), sc = src.detach().contiguous(), wc = w.detach().contiguous();
+  Tensor out = Tensor::empty({n, src.size(1)}, src.dtype(), dev);
+  weighted_index_add_kernels().get(b)(ic, sc, wc, out);
+  if (needs_grad({&src, &w})) {
+    const bool gs = needs_grad({&src}), gw = needs_grad({&w});
+    record(op, out, {src, w}, [ic, sc, wc, gs, gw](const Tensor& g) -> std::vector<Tensor> {
+      const Tensor gc = g.to(sc.dtype()).contiguous();
+      Tensor dsrc = gs ? Tensor::empty(sc.shape(), sc.dtype(), sc.device()) : Tensor();
+      Tensor dw = gw ? Tensor::empty(wc.shape(), wc.dtype(), wc.device()) : Tensor();
+      weighted_index_add_backward_kernels().get(sc.device(), sc.dtype())(ic, sc, wc, gc, dsrc, dw);
+      return {dsrc, dw};
+    });
+  }
+  return out;
+}
+
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
   Device dev = check_inputs("embedding", {&weight, &ids});
   check_index_dtype("embedding", ids);
@@ -257,6 +299,34 @@ void scatter_add_ref(Tensor& out, int64_t dim, const Tensor& idx, const Tensor& 
     store_from_double(out.data_ptr(), out.dtype(), e, acc[e]);
 }
 
+void weighted_index_add_ref(const Tensor& idx, const Tensor& src, const Tensor& w, Tensor& out) {
+  const int64_t M = src.shape()[0], D = src.shape()[1];
+  std::vector<double> acc(out.numel(), 0.0);
+  for (int64_t i = 0; i < M; ++i) {
+    const double wi = load_as_double(w.data_ptr(), w.dtype(), i);
+    for (int64_t d = 0; d < D; ++d)
+      acc[index_at(idx, i) * D + d] += wi * load_as_double(src.data_ptr(), src.dtype(), i * D + d);
+  }
+  for (int64_t e = 0; e < out.numel(); ++e)
+    store_from_double(out.data_ptr(), out.dtype(), e, acc[e]);
+}
+
+void weighted_index_add_backward_ref(const Tensor& idx, const Tensor& src, const Tensor& w,
+                                     const Tensor& g, Tensor& dsrc, Tensor& dw) {
+  const int64_t M = src.shape()[0], D = src.shape()[1];
+  for (int64_t i = 0; i < M; ++i) {
+    const int64_t r = index_at(idx, i);
+    const double wi = load_as_double(w.data_ptr(), w.dtype(), i);
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double gv = load_as_double(g.data_ptr(), g.dtype(), r * D + d);
+      dot += gv * load_as_double(src.data_ptr(), src.dtype(), i * D + d);
+      if (dsrc.defined()) store_from_double(dsrc.data_ptr(), dsrc.dtype(), i * D + d, wi * gv);
+    }
+    if (dw.defined()) store_from_double(dw.data_ptr(), dw.dtype(), i, dot);
+  }
+}
+
 void embedding_ref(const Tensor& weight, const Tensor& ids, Tensor& out) {
   const int64_t D = weight.shape()[1];
   const size_t row = D * dtype_size(weight.dtype());
@@ -282,6 +352,9 @@ void embedding_backward_ref(const Tensor& grad_out, const Tensor& ids, Tensor& g
 
 MYRIAD_REGISTER_KERNEL(gather_kernels, Backend::Reference, &gather_ref);
 MYRIAD_REGISTER_KERNEL(scatter_add_kernels, Backend::Reference, &scatter_add_ref);
+MYRIAD_REGISTER_KERNEL(weighted_index_add_kernels, Backend::Reference, &weighted_index_add_ref);
+MYRIAD_REGISTER_KERNEL(weighted_index_add_backward_kernels, Backend::Reference,
+                       &weighted_index_add_backward_ref);
 MYRIAD_REGISTER_KERNEL(embedding_kernels, Backend::Reference, &embedding_ref);
 MYRIAD_REGISTER_KERNEL(embedding_backward_kernels, Backend::Reference, &embedding_backward_ref);
 

@@ -20,6 +20,12 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& idx);
 // Returns base with src's slices added at the positions idx names along dim (torch.index_add):
 // src has base's shape except idx.numel() along dim. Differentiable in base and src.
 Tensor index_add(const Tensor& base, int64_t dim, const Tensor& idx, const Tensor& src);
+// out [n, D] with out[idx[i]] += w[i] * src[i] over i in increasing order: a MoE's experts' rows
+// summed back into their tokens, weighted by the routing (one op where index_select, mul and
+// index_add took three, each a pass over [M, D]). src [M, D]; idx [M] (i32 or i64, in [0, n));
+// w [M] in src's dtype. Sums in f32 (f64 for f64), rounded to src's dtype once. Differentiable
+// in src and w: dsrc[i] = w[i] * g[idx[i]], dw[i] = g[idx[i]] . src[i].
+Tensor weighted_index_add(int64_t n, const Tensor& idx, const Tensor& src, const Tensor& w);
 // weight [V, D], ids of any shape -> [..., D]; backward scatter-adds into a [V, D] gradient.
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 
@@ -47,7 +53,16 @@ using ScatterAddKernel = void (*)(Tensor& out, int64_t dim, const Tensor& idx, c
 // grad_out [n, D] (duplicate ids accumulate).
 using EmbeddingKernel = void (*)(const Tensor& weight, const Tensor& ids, Tensor& out);
 using EmbeddingBackwardKernel = void (*)(const Tensor& grad_out, const Tensor& ids, Tensor& grad_w);
+// out [n, D] (overwritten) = the weighted sum above; and its backward, dsrc and dw (either may
+// be undefined, then not computed).
+using WeightedIndexAddKernel = void (*)(const Tensor& idx, const Tensor& src, const Tensor& w,
+                                        Tensor& out);
+using WeightedIndexAddBackwardKernel = void (*)(const Tensor& idx, const Tensor& src,
+                                                const Tensor& w, const Tensor& g, Tensor& dsrc,
+                                                Tensor& dw);
 KernelTable<GatherKernel>& gather_kernels();
+KernelTable<WeightedIndexAddKernel>& weighted_index_add_kernels();
+KernelTable<WeightedIndexAddBackwardKernel>& weighted_index_add_backward_kernels();
 KernelTable<ScatterAddKernel>& scatter_add_kernels();
 KernelTable<EmbeddingKernel>& embedding_kernels();
 KernelTable<EmbeddingBackwardKernel>& embedding_backward_kernels();

@@ -192,6 +192,34 @@ TEST_P(Index, ScatterAddServesMaxBackward) {
   EXPECT_EQ(x.grad().to_doubles(), (std::vector<double>{0, 1, 0, 1, 0, 0}));
 }
 
+// A MoE's weighted sum back into its tokens: ragged counts (rows no index names stay zero,
+// repeated indices accumulate in order), one source row, none at all, and a 1-row output.
+TEST_P(Index, WeightedIndexAddMatchesReference) {
+  struct Case {
+    int64_t n, M, D;
+  };
+  const Case cases[] = {{6, 13, 5}, {1, 1, 3},        {4, 0, 7},
+                        {1, 9, 16}, {2048, 8192, 64}, {50, 7, 257}};
+  uint64_t seed = 90;
+  for (const Case& c : cases)
+    for (DType it : kIndexTypes) {
+      // Half the indices land on the first quarter of the rows: a ragged count per row.
+      std::vector<int64_t> iv;
+      Tensor r = randint({c.M}, seed++, 0, c.n);
+      for (int64_t v : r.to_ints()) iv.push_back(iv.size() % 2 ? v : v / 4);
+      Tensor idx = Tensor::from_ints(iv, {c.M}, it);
+      Tensor src = randn({c.M, c.D}, seed++).requires_grad_();
+      Tensor w = randu({c.M}, seed++, 0.1, 1.0).requires_grad_();
+      expect_matches_reference_all(
+          "weighted_index_add n " + std::to_string(c.n) + " src " + shape_str({c.M, c.D}) + " " +
+              std::string(dtype_name(it)),
+          [n = c.n](const std::vector<Tensor>& v) {
+            return ops::weighted_index_add(n, v[0], v[1], v[2]);
+          },
+          {idx, src, w}, backend());
+    }
+}
+
 TEST(IndexGrad, Gradcheck) {
   Tensor x = randn({3, 4}, 1).requires_grad_();
   Tensor gidx = randint({3, 5}, 2, 0, 4);
@@ -216,6 +244,22 @@ TEST(IndexGrad, Gradcheck) {
   expect_gradcheck("embedding",
                    [](const std::vector<Tensor>& v) { return ops::embedding(v[0], v[1]); },
                    {w, ids});
+  Tensor wsrc = randn({5, 3}, 8).requires_grad_(), ww = randu({5}, 9, 0.2, 1.0).requires_grad_();
+  expect_gradcheck(
+      "weighted_index_add",
+      [](const std::vector<Tensor>& v) { return ops::weighted_index_add(4, v[0], v[1], v[2]); },
+      {iidx, wsrc, ww});
+}
+
+TEST(IndexErrors, WeightedIndexAddNamesTheProblem) {
+  Tensor src = randn({3, 4}, 1), w = randn({3}, 2);
+  Tensor idx = Tensor::from_ints(std::vector<int64_t>{0, 5, 1}, {3});
+  expect_error([&] { ops::weighted_index_add(4, idx, src, w); }, {"weighted_index_add", "5"});
+  Tensor ok = Tensor::from_ints(std::vector<int64_t>{0, 1, 1}, {3});
+  expect_error([&] { ops::weighted_index_add(4, ok, src, randn({2}, 3)); },
+               {"weighted_index_add", "[2]"});
+  expect_error([&] { ops::weighted_index_add(4, ok, src, w.to(DType::BF16)); },
+               {"weighted_index_add"});
 }
 
 TEST(IndexErrors, OutOfRangeIndices) {

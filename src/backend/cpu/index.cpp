@@ -2,11 +2,13 @@
 // they serve every dtype; scatter-adds accumulate in f32 (f32 and bf16 values) and split the work
 // so that no two threads ever write the same element: scatter_add over (outer row, column block)
 // pairs, the embedding backward over (vocabulary row, column block) pairs after a counting sort of
-// the ids. Indices are i32 or i64 and were bounds-checked by the op layer.
+// the ids, the weighted index_add over output rows after the same sort. Indices are i32 or i64 and
+// were bounds-checked by the op layer.
 #include <algorithm>
 #include <vector>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/rows.h"
 #include "ops/index.h"
 
 namespace myriad::cpu {
@@ -142,6 +144,81 @@ void scatter_add_cpu(Tensor& out, int64_t dim, const Tensor& idx, const Tensor& 
     });
 }
 
+// ---- weighted_index_add: out[idx[i]] += w[i] * src[i] ----
+
+// Each output row's source rows in increasing order (a counting sort of idx): rows [at[r],
+// at[r + 1]) of `order`.
+template <class I>
+void rows_by_target(const I* idx, int64_t M, int64_t n, std::vector<int64_t>& at,
+                    std::vector<int64_t>& order) {
+  at.assign(n + 1, 0);
+  for (int64_t i = 0; i < M; ++i) ++at[idx[i] + 1];
+  for (int64_t r = 0; r < n; ++r) at[r + 1] += at[r];
+  std::vector<int64_t> next(at.begin(), at.end() - 1);
+  order.resize(M);
+  for (int64_t i = 0; i < M; ++i) order[next[idx[i]]++] = i;
+}
+
+MYRIAD_CPU_CLONES void axpy_row(float* acc, float a, const float* x, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) acc[d] += a * x[d];
+}
+MYRIAD_CPU_CLONES void scale_row(float* out, float a, const float* x, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) out[d] = a * x[d];
+}
+MYRIAD_CPU_CLONES float dot_row(const float* a, const float* b, int64_t n) {
+  return row_dot(a, b, n);
+}
+
+// Threads over output rows, each summing its sources in increasing order in f32: the same bits
+// at any thread count.
+void weighted_index_add_cpu(const Tensor& idx, const Tensor& src, const Tensor& w, Tensor& out) {
+  check_float("weighted_index_add", src.dtype());
+  const int64_t M = src.shape()[0], D = src.shape()[1], n = out.shape()[0];
+  std::vector<int64_t> at, order;
+  with_index(idx, [&](const auto* pi) { rows_by_target(pi, M, n, at, order); });
+  RowIO in(src), o(out), wt(w);
+  std::vector<float> wf(M);
+  const float* pw = wt.load(0, M, wf.data());
+  parallel_for(n, row_grain(D * std::max<int64_t>(1, M / std::max<int64_t>(n, 1))),
+               [&](int64_t b, int64_t e) {
+                 std::vector<float> acc(D), buf(in.f32 ? 0 : D);
+                 for (int64_t r = b; r < e; ++r) {
+                   std::fill(acc.begin(), acc.end(), 0.0f);
+                   for (int64_t q = at[r]; q < at[r + 1]; ++q) {
+                     const int64_t i = order[q];
+                     axpy_row(acc.data(), pw[i], in.load(i, D, buf.data()), D);
+                   }
+                   o.store(r, D, acc.data());
+                 }
+               });
+}
+
+// Threads over source rows: dsrc[i] = w[i] * g[idx[i]], dw[i] = g[idx[i]] . src[i].
+void weighted_index_add_backward_cpu(const Tensor& idx, const Tensor& src, const Tensor& w,
+                                     const Tensor& g, Tensor& dsrc, Tensor& dw) {
+  check_float("weighted_index_add_backward", src.dtype());
+  const int64_t M = src.shape()[0], D = src.shape()[1];
+  RowIO in(src), gi(g), wt(w);
+  std::vector<float> wf(M), dwf(dw.defined() ? M : 0);
+  const float* pw = wt.load(0, M, wf.data());
+  with_index(idx, [&](const auto* pi) {
+    parallel_for(M, row_grain(D), [&](int64_t b, int64_t e) {
+      std::vector<float> bg(gi.f32 ? 0 : D), bs(in.f32 ? 0 : D), out(D);
+      for (int64_t i = b; i < e; ++i) {
+        const float* gr = gi.load(pi[i], D, bg.data());
+        if (dw.defined()) dwf[i] = dot_row(gr, in.load(i, D, bs.data()), D);
+        if (dsrc.defined()) {
+          RowIO ds(dsrc);
+          float* dst = ds.f32 ? ds.row_f32(i, D) : out.data();
+          scale_row(dst, pw[i], gr, D);
+          ds.store(i, D, dst);
+        }
+      }
+    });
+  });
+  if (dw.defined()) RowIO(dw).store(0, M, dwf.data());
+}
+
 // ---- embedding ----
 
 void embedding_cpu(const Tensor& weight, const Tensor& ids, Tensor& out) {
@@ -201,6 +278,9 @@ void embedding_backward_cpu(const Tensor& grad_out, const Tensor& ids, Tensor& g
 
 MYRIAD_REGISTER_KERNEL(ops::gather_kernels, ops::Backend::CPU, &gather_cpu);
 MYRIAD_REGISTER_KERNEL(ops::scatter_add_kernels, ops::Backend::CPU, &scatter_add_cpu);
+MYRIAD_REGISTER_KERNEL(ops::weighted_index_add_kernels, ops::Backend::CPU, &weighted_index_add_cpu);
+MYRIAD_REGISTER_KERNEL(ops::weighted_index_add_backward_kernels, ops::Backend::CPU,
+                       &weighted_index_add_backward_cpu);
 MYRIAD_REGISTER_KERNEL(ops::embedding_kernels, ops::Backend::CPU, &embedding_cpu);
 MYRIAD_REGISTER_KERNEL(ops::embedding_backward_kernels, ops::Backend::CPU, &embedding_backward_cpu);
 
