@@ -220,6 +220,29 @@ TEST_P(Index, WeightedIndexAddMatchesReference) {
     }
 }
 
+// In f32 the CPU kernel rounds as the three ops it replaced (index_select of the weights, mul,
+// index_add): output, dsrc and dw bit for bit, so a model's f32 numbers did not move.
+TEST(Index, WeightedIndexAddHasTheBitsOfMulAndIndexAdd) {
+  const int64_t n = 37, M = 150, D = 96;
+  std::vector<int64_t> iv;
+  for (int64_t v : randint({M}, 71, 0, n).to_ints()) iv.push_back(iv.size() % 3 ? v : v / 5);
+  const Tensor idx = Tensor::from_ints(iv, {M});
+  const Tensor src = randn({M, D}, 72), w = randu({M}, 73, 0.1, 1.0), g = randn({n, D}, 74);
+  auto run = [&](bool fused) {
+    Tensor s = src.detach().requires_grad_(), ww = w.detach().requires_grad_();
+    Tensor y =
+        fused ? ops::weighted_index_add(n, idx, s, ww)
+              : ops::index_add(Tensor::zeros({n, D}), 0, idx, ops::mul(s, ops::unsqueeze(ww, 1)));
+    ops::sum(ops::mul(y, g)).backward();
+    return std::vector<std::vector<double>>{y.to_doubles(), s.grad().to_doubles(),
+                                            ww.grad().to_doubles()};
+  };
+  const auto a = run(true), b = run(false);
+  EXPECT_EQ(a[0], b[0]) << "output";
+  EXPECT_EQ(a[1], b[1]) << "dsrc";
+  EXPECT_EQ(a[2], b[2]) << "dw";
+}
+
 TEST(IndexGrad, Gradcheck) {
   Tensor x = randn({3, 4}, 1).requires_grad_();
   Tensor gidx = randint({3, 5}, 2, 0, 4);

@@ -159,14 +159,16 @@ void rows_by_target(const I* idx, int64_t M, int64_t n, std::vector<int64_t>& at
   for (int64_t i = 0; i < M; ++i) order[next[idx[i]]++] = i;
 }
 
-MYRIAD_CPU_CLONES void axpy_row(float* acc, float a, const float* x, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) acc[d] += a * x[d];
-}
+// The products are rounded before they are summed (separate functions, so no multiply-add is
+// fused): f32 results have the bits of mul then index_add, and of mul's backward then sum.
 MYRIAD_CPU_CLONES void scale_row(float* out, float a, const float* x, int64_t n) {
   for (int64_t d = 0; d < n; ++d) out[d] = a * x[d];
 }
-MYRIAD_CPU_CLONES float dot_row(const float* a, const float* b, int64_t n) {
-  return row_dot(a, b, n);
+MYRIAD_CPU_CLONES void mul_row(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) out[d] = a[d] * b[d];
+}
+MYRIAD_CPU_CLONES float sum_row(const float* x, int64_t n) {
+  return row_sum(x, n);
 }
 
 // Threads over output rows, each summing its sources in increasing order in f32: the same bits
@@ -181,12 +183,13 @@ void weighted_index_add_cpu(const Tensor& idx, const Tensor& src, const Tensor& 
   const float* pw = wt.load(0, M, wf.data());
   parallel_for(n, row_grain(D * std::max<int64_t>(1, M / std::max<int64_t>(n, 1))),
                [&](int64_t b, int64_t e) {
-                 std::vector<float> acc(D), buf(in.f32 ? 0 : D);
+                 std::vector<float> acc(D), buf(in.f32 ? 0 : D), prod(D);
                  for (int64_t r = b; r < e; ++r) {
                    std::fill(acc.begin(), acc.end(), 0.0f);
                    for (int64_t q = at[r]; q < at[r + 1]; ++q) {
                      const int64_t i = order[q];
-                     axpy_row(acc.data(), pw[i], in.load(i, D, buf.data()), D);
+                     scale_row(prod.data(), pw[i], in.load(i, D, buf.data()), D);
+                     add_row(acc.data(), prod.data(), D);
                    }
                    o.store(r, D, acc.data());
                  }
@@ -206,7 +209,10 @@ void weighted_index_add_backward_cpu(const Tensor& idx, const Tensor& src, const
       std::vector<float> bg(gi.f32 ? 0 : D), bs(in.f32 ? 0 : D), out(D);
       for (int64_t i = b; i < e; ++i) {
         const float* gr = gi.load(pi[i], D, bg.data());
-        if (dw.defined()) dwf[i] = dot_row(gr, in.load(i, D, bs.data()), D);
+        if (dw.defined()) {
+          mul_row(out.data(), gr, in.load(i, D, bs.data()), D);
+          dwf[i] = sum_row(out.data(), D);
+        }
         if (dsrc.defined()) {
           RowIO ds(dsrc);
           float* dst = ds.f32 ? ds.row_f32(i, D) : out.data();
