@@ -20,13 +20,22 @@ KernelTable<RmsNormBackwardKernel>& rms_norm_backward_kernels() {
 
 namespace {
 
-// rms_norm and l2norm: checks done, x [..., n] normalised over n through the fused kernels.
+// rms_norm and l2norm: the checks, then x [..., n] normalised over n through the fused kernels.
 Tensor norm_rows(const char* name, const Tensor& x_in, const Tensor& weight, double eps,
                  NormOf of) {
-  const Device dev = x_in.device();
+  const bool has_w = weight.defined();
+  const Device dev = has_w ? check_inputs(name, {&x_in, &weight}) : check_inputs(name, {&x_in});
+  check_floating(name, x_in);
+  MYRIAD_CHECK(x_in.dim() >= 1, name, ": expected at least one dimension, got ", x_in.desc());
   const int64_t n = x_in.shape().back();
+  if (has_w) {
+    check_same_dtype(name, {&x_in, &weight});
+    MYRIAD_CHECK(weight.dim() == 1 && weight.shape()[0] == n, name, ": weight must be [", n,
+                 "] for x ", x_in.desc(), ", got ", weight.desc());
+  }
+  MYRIAD_CHECK(eps >= 0, name, ": eps must be non-negative, got ", eps);
   Tensor x = x_in.contiguous();
-  Tensor w = weight.defined() ? weight.contiguous() : Tensor();
+  Tensor w = has_w ? weight.contiguous() : Tensor();
   const int64_t rows = n ? x.numel() / n : 0;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), dev);
   // rstd stays f64 for f64 input so the gradient check sees no f32 rounding.
@@ -52,32 +61,12 @@ Tensor norm_rows(const char* name, const Tensor& x_in, const Tensor& weight, dou
 
 }  // namespace
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
-  const char* name = "rms_norm";
-  const bool has_w = weight.defined();
-  if (has_w)
-    check_inputs(name, {&x_in, &weight});
-  else
-    check_inputs(name, {&x_in});
-  check_floating(name, x_in);
-  MYRIAD_CHECK(x_in.dim() >= 1, name, ": expected at least one dimension, got ", x_in.desc());
-  const int64_t n = x_in.shape().back();
-  if (has_w) {
-    check_same_dtype(name, {&x_in, &weight});
-    MYRIAD_CHECK(weight.dim() == 1 && weight.shape()[0] == n, name, ": weight must be [", n,
-                 "] for x ", x_in.desc(), ", got ", weight.desc());
-  }
-  MYRIAD_CHECK(eps >= 0, name, ": eps must be non-negative, got ", eps);
-  return norm_rows(name, x_in, weight, eps, NormOf::MeanSquare);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return norm_rows("rms_norm", x, weight, eps, NormOf::MeanSquare);
 }
 
 Tensor l2norm(const Tensor& x, double eps) {
-  const char* name = "l2norm";
-  check_inputs(name, {&x});
-  check_floating(name, x);
-  MYRIAD_CHECK(x.dim() >= 1, name, ": expected at least one dimension, got ", x.desc());
-  MYRIAD_CHECK(eps >= 0, name, ": eps must be non-negative, got ", eps);
-  return norm_rows(name, x, Tensor(), eps, NormOf::SumSquare);
+  return norm_rows("l2norm", x, Tensor(), eps, NormOf::SumSquare);
 }
 
 // ---- reference kernels: plain loops in double ----

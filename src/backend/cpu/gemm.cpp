@@ -454,6 +454,21 @@ __attribute__((target("avx2,fma"), always_inline)) inline void fma_rows_avx2(
     }
 }
 template <int J, int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void zero_acc_avx2(
+    __m256 (&acc)[J][R][2]) {
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+}
+template <int J, int R>
+__attribute__((target("avx512f"), always_inline)) inline void zero_acc_avx512(__m512 (&acc)[J][R]) {
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+}
+template <int J, int R>
 __attribute__((target("avx512f"), always_inline)) inline void fma_rows_avx512(
     __m512 (&acc)[J][R], const float* const* x, int64_t i, const __m512 (&wv)[J]) {
 #pragma GCC unroll 4
@@ -501,10 +516,7 @@ __attribute__((target("avx2,fma"))) void dots_codes_avx2(const float* const* x,
                                                          const float* const* sc, int64_t k,
                                                          float* out) {
   __m256 acc[J][R][2];
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+  zero_acc_avx2<J, R>(acc);
   for (int64_t i = 0; i + kLanes <= k; i += kLanes) {
     __m256 wv[J][2];
     if (i % 64 == 0)
@@ -533,10 +545,7 @@ __attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
                                                           const float* const* sc, int64_t k,
                                                           float* out) {
   __m512 acc[J][R];
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+  zero_acc_avx512<J, R>(acc);
   for (int64_t i = 0; i + kLanes <= k; i += kLanes) {
     __m512 wv[J];
     if (i % 64 == 0)  // a cache line of codes, prefetched kAhead bytes ahead as the f32 rows'
@@ -590,10 +599,7 @@ __attribute__((target("avx512f"))) void dots_bf16_avx512(const float* const* x,
                                                          const float* const*, int64_t k,
                                                          float* out) {
   __m512 acc[J][R];
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+  zero_acc_avx512<J, R>(acc);
   __m512 wv[J];
   int64_t i = 0;
   for (; i + kLanes <= k; i += kLanes) {
@@ -618,10 +624,7 @@ __attribute__((target("avx2,fma"))) void dots_bf16_avx2(const float* const* x,
                                                         const float* const*, int64_t k,
                                                         float* out) {
   __m256 acc[J][R][2];
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+  zero_acc_avx2<J, R>(acc);
   __m256 wv[J][2];
   int64_t i = 0;
   for (; i + kLanes <= k; i += kLanes) {
@@ -657,10 +660,7 @@ __attribute__((target("avx512f"))) void dots_nibbles_avx512(const float* const* 
                                                             float* out) {
   constexpr int64_t G = ops::kQuantGroup;
   __m512 acc[J][R];
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+  zero_acc_avx512<J, R>(acc);
   const __m512 codes = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t i = 0; i + G <= k; i += G) {
     __m512 lo[J], hi[J];
@@ -724,10 +724,7 @@ template <int J, int R>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void dots_q8_avx512(
     const QRow* x, const int8_t* const* w, const float* const* sc, int64_t k, float* out) {
   __m512 acc[J][R];
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[jj][r] = _mm512_setzero_ps();
+  zero_acc_avx512<J, R>(acc);
   const int64_t full = k / 64;
   for (int64_t b = 0; b < full; ++b) q8_block_avx512<J, R, false>(acc, x, w, sc, b);
   if (k % 64) q8_block_avx512<J, R, true>(acc, x, w, sc, full);
@@ -775,10 +772,7 @@ __attribute__((target("avx2,fma"))) void dots_q8_avx2(const QRow* x, const int8_
                                                       float* out) {
   constexpr int64_t G = ops::kQuantGroup;
   __m256 acc[J][R][2];
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+  zero_acc_avx2<J, R>(acc);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t g = 0; g < k / G; ++g) {
     const int64_t e = g * G;
@@ -816,10 +810,7 @@ __attribute__((target("avx2,fma"))) void dots_nibbles_avx2(const float* const* x
                                                            float* out) {
   constexpr int64_t G = ops::kQuantGroup;
   __m256 acc[J][R][2];
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[jj][r][0] = acc[jj][r][1] = _mm256_setzero_ps();
+  zero_acc_avx2<J, R>(acc);
   const __m256i low = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
   for (int64_t i = 0; i + G <= k; i += G) {
     __m256 lo[J][2], hi[J][2];

@@ -201,7 +201,7 @@ void weighted_index_add_backward_cpu(const Tensor& idx, const Tensor& src, const
                                      const Tensor& g, Tensor& dsrc, Tensor& dw) {
   check_float("weighted_index_add_backward", src.dtype());
   const int64_t M = src.shape()[0], D = src.shape()[1];
-  RowIO in(src), gi(g), wt(w);
+  RowIO in(src), gi(g), wt(w), ds(dsrc.defined() ? dsrc : src);
   std::vector<float> wf(M), dwf(dw.defined() ? M : 0);
   const float* pw = wt.load(0, M, wf.data());
   with_index(idx, [&](const auto* pi) {
@@ -214,7 +214,6 @@ void weighted_index_add_backward_cpu(const Tensor& idx, const Tensor& src, const
           dwf[i] = sum_row(out.data(), D);
         }
         if (dsrc.defined()) {
-          RowIO ds(dsrc);
           float* dst = ds.f32 ? ds.row_f32(i, D) : out.data();
           scale_row(dst, pw[i], gr, D);
           ds.store(i, D, dst);
@@ -246,13 +245,8 @@ void embedding_cpu(const Tensor& weight, const Tensor& ids, Tensor& out) {
 void embedding_backward_cpu(const Tensor& grad_out, const Tensor& ids, Tensor& grad_w) {
   check_float("embedding_backward", grad_w.dtype());
   const int64_t V = grad_w.shape()[0], D = grad_w.shape()[1], n = ids.numel();
-  std::vector<int64_t> start(V + 1, 0), order(n);
-  with_index(ids, [&](const auto* pi) {
-    for (int64_t r = 0; r < n; ++r) ++start[pi[r] + 1];
-    for (int64_t v = 0; v < V; ++v) start[v + 1] += start[v];
-    std::vector<int64_t> next(start.begin(), start.end() - 1);
-    for (int64_t r = 0; r < n; ++r) order[next[pi[r]]++] = r;
-  });
+  std::vector<int64_t> start, order;
+  with_index(ids, [&](const auto* pi) { rows_by_target(pi, n, V, start, order); });
   const bool f32 = grad_w.dtype() == DType::F32;
   const int64_t block = std::min<int64_t>(D, 1024);
   const int64_t nblocks = block ? (D + block - 1) / block : 0;
