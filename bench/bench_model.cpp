@@ -23,8 +23,8 @@
 // clip_grad_norm_ + AdamW does on the other side; the FLOP count stays the model's (the
 // optimiser's O(params) work is not counted). The printed loss is then the first step's (before
 // any update), which both sides must agree on; loss_last is the last step's.
-// --bf16=1 runs forward and backward on a bf16 working copy with fp32 master weights, gradients
-// and optimiser state, as a recipe's precision = "bf16" does (train::Bf16Copy); the loss then
+// --bf16=1 runs forward and backward on a bf16 working copy with fp32 master weights and
+// optimiser state, as a recipe's precision = "bf16" does (train::Bf16Copy); the loss then
 // differs from torch's f32 one by bf16 rounding.
 // The last line is machine-readable: RESULT myriad tokens_per_s=<x> ...
 #include <algorithm>
@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
       oc.matrix_optimizer = "adamw";
       oc.lr = 1e-3;
       opt.emplace(std::move(params), oc);
-      if (bf16) copy.emplace(m);
+      if (bf16) copy.emplace(m), copy->attach(*opt);
     }
     double loss = 0, first_loss = 0;
     std::vector<double> times, opt_times;  // opt_times: gradient hand-over, clip, AdamW, refresh
@@ -307,7 +307,7 @@ int main(int argc, char** argv) {
       if (adamw) {
         opt->clip_grad_norm();
         opt->step(opt->config().lr);
-        if (copy) copy->refresh();
+        if (copy) copy->refresh_buffers();  // the optimizer wrote the copy's weights
       }
       loss = l.item();
       if (s == 0) first_loss = loss;
@@ -331,8 +331,8 @@ int main(int argc, char** argv) {
         peak > 0 ? 100 * gflops / peak : 0.0);
     if (copy || adamw)
       std::printf("  of which after the backward (%s%s): median %.1f ms\n",
-                  copy ? "bf16 gradients into fp32" : "",
-                  adamw ? (copy ? ", clip, AdamW, refresh" : "clip, AdamW") : "",
+                  copy ? "bf16 gradients to the master" : "",
+                  adamw ? (copy ? ", clip, AdamW writing the copy, buffers" : "clip, AdamW") : "",
                   1e3 * median(opt_times));
     if (prof)
       profile(copy ? copy->decoder() : m, ids, step_s, peak,

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
     oc.lr = 1e-3;
     train::Optimizer opt(train::Trainer::optimizer_params(dec), oc);
     std::optional<train::Bf16Copy> shadow;
-    if (bf16) shadow.emplace(dec);
+    if (bf16) shadow.emplace(dec), shadow->attach(opt);
 
     std::vector<int64_t> ids(batch * (seq + 1));
     for (size_t i = 0; i < ids.size(); ++i)
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
       opt.clip_grad_norm();
       opt.step(oc.lr);
       upd_peak = mib(arena.stats().peak);
-      if (shadow) shadow->refresh();
+      if (shadow) shadow->refresh_buffers();
     }
     const double measured = static_cast<double>(arena.stats().peak - base);
     const double rss = (proc_status_kb("VmHWM:") - rss0) * 1024.0;

@@ -1,5 +1,7 @@
 #include "train/mixed_precision.h"
 
+#include <set>
+
 #include "core/autograd.h"
 #include "ops/elementwise.h"
 
@@ -17,14 +19,33 @@ void Bf16Copy::accumulate_grads() {
   for (auto& [m, c] : params_) {
     const Tensor g = c.grad();
     if (!g.defined()) continue;
-    const Tensor g32 = g.to(DType::F32);
     Tensor mg = m.grad();
-    if (mg.defined())
-      ops::add_(mg, g32);
-    else
-      m.set_grad(g32);
+    if (!mg.defined()) {
+      m.set_grad(g);  // as it is: one conversion pass less (the copy then drops its reference)
+    } else {
+      if (mg.dtype() != DType::F32) m.set_grad(mg = mg.to(DType::F32));
+      ops::add_(mg, g.to(DType::F32));
+    }
     c.zero_grad();
   }
+}
+
+void Bf16Copy::attach(Optimizer& opt) {
+  NamedParams low;
+  for (const auto& [name, t] : master_.weights().tensors())
+    low.emplace_back(name, copy_.weights().get(name));
+  const std::vector<std::string> taken = opt.mirror_into(low);
+  const std::set<std::string> mirrored(taken.begin(), taken.end());
+  unmirrored_.clear();
+  for (const auto& [name, t] : master_.weights().tensors())
+    if (!mirrored.contains(name)) unmirrored_.emplace_back(t, copy_.weights().get(name));
+  attached_ = true;
+}
+
+void Bf16Copy::refresh_buffers() {
+  if (!attached_) return refresh();
+  NoGradGuard ng;
+  for (auto& [m, c] : unmirrored_) c.copy_(m);
 }
 
 void Bf16Copy::refresh() {

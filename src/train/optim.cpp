@@ -37,35 +37,75 @@ constexpr int64_t kGrain = 1 << 14;
 
 // One block's Σ g² over 8 interleaved f64 sums, per CPU clone (the baseline build ran it on
 // 2-lane SSE2 at 8 GB/s). A float's square is exact in f64, so a fused multiply-add rounds as the
-// separate multiply and add do: every clone gives the same bits.
-MYRIAD_CPU_CLONES double block_sum_squares(const float* p, int64_t n) {
-  double acc[8] = {};
+// separate multiply and add do: every clone gives the same bits. A bf16 gradient (mixed
+// precision's, handed over as it is) is read as the f32 it widens to exactly.
+template <class T>
+MYRIAD_CPU_CLONES double block_sum_squares(const T* p, int64_t n) {
+  typedef double D8 __attribute__((vector_size(64)));
+  typedef float F8 __attribute__((vector_size(32)));
+  typedef uint32_t U8 __attribute__((vector_size(32)));
+  typedef uint16_t H8 __attribute__((vector_size(16)));
+  auto f = [](T x) {
+    if constexpr (sizeof(T) == 2)
+      return cpu::bf16_load(x);
+    else
+      return x;
+  };
+  D8 acc = {};  // lane l: the elements i = l mod 8 (GCC left the scalar form in 2-lane registers)
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += static_cast<double>(p[i + l]) * p[i + l];
-  for (; i < n; ++i) acc[i % 8] += static_cast<double>(p[i]) * p[i];
+  for (; i + 8 <= n; i += 8) {
+    F8 x;
+    if constexpr (sizeof(T) == 2) {
+      H8 h;
+      std::memcpy(&h, p + i, sizeof h);
+      x = reinterpret_cast<F8>(__builtin_convertvector(h, U8) << 16);
+    } else {
+      std::memcpy(&x, p + i, sizeof x);
+    }
+    const D8 d = __builtin_convertvector(x, D8);
+    acc += d * d;
+  }
+  for (; i < n; ++i) acc[i % 8] += static_cast<double>(f(p[i])) * f(p[i]);
   double s = 0;
-  for (double a : acc) s += a;
+  for (int l = 0; l < 8; ++l) s += acc[l];
   return s;
 }
 
-// Σ g² in f64, the same value at any thread count: blocks of kGrain elements, each summed over 8
-// interleaved partial sums (p[i] into sum i mod 8), then the blocks' sums in order. (One serial
-// f64 chain over a 30M-parameter model's gradients took ~40 ms a step.)
-double sum_squares(const Tensor& g) {
-  const Tensor h = host_f32(g);
-  const float* p = h.data<float>();
-  const int64_t n = h.numel(), blocks = (n + kGrain - 1) / kGrain;
-  std::vector<double> part(static_cast<size_t>(blocks));
-  cpu::parallel_for(blocks, 1, [&](int64_t b, int64_t e) {
+// A CPU gradient the update kernels read as it is: contiguous f32 or bf16.
+bool readable_grad(const Tensor& g) {
+  return g.device().is_cpu() && g.is_contiguous() &&
+         (g.dtype() == DType::F32 || g.dtype() == DType::BF16);
+}
+
+// Σ g² of each tensor in f64, the same value at any thread count: blocks of kGrain elements,
+// each summed over 8 interleaved partial sums (p[i] into sum i mod 8), then each tensor's blocks'
+// sums in order. All tensors' blocks share one parallel loop (a model's ~800 gradients, most of
+// them small, made ~800 thread hand-offs). (One serial f64 chain over a 30M-parameter model's
+// gradients took ~40 ms a step.)
+std::vector<double> sum_squares(const std::vector<Tensor>& gs) {
+  std::vector<Tensor> hs;
+  std::vector<int64_t> first(gs.size() + 1, 0);  // tensor i's blocks: first[i] … first[i+1]-1
+  for (size_t i = 0; i < gs.size(); ++i) {
+    hs.push_back(readable_grad(gs[i]) ? gs[i] : host_f32(gs[i]));
+    first[i + 1] = first[i] + (hs[i].numel() + kGrain - 1) / kGrain;
+  }
+  std::vector<double> part(static_cast<size_t>(first.back()));
+  cpu::parallel_for(first.back(), 1, [&](int64_t b, int64_t e) {
+    size_t i =
+        static_cast<size_t>(std::upper_bound(first.begin(), first.end(), b) - first.begin()) - 1;
     for (int64_t k = b; k < e; ++k) {
-      const int64_t lo = k * kGrain, hi = std::min(n, lo + kGrain);
-      part[static_cast<size_t>(k)] = block_sum_squares(p + lo, hi - lo);
+      while (k >= first[i + 1]) ++i;
+      const Tensor& h = hs[i];
+      const int64_t lo = (k - first[i]) * kGrain, hi = std::min(h.numel(), lo + kGrain);
+      part[static_cast<size_t>(k)] = h.dtype() == DType::BF16
+                                         ? block_sum_squares(h.data<uint16_t>() + lo, hi - lo)
+                                         : block_sum_squares(h.data<float>() + lo, hi - lo);
     }
   });
-  double s = 0;
-  for (double v : part) s += v;
-  return s;
+  std::vector<double> out(gs.size(), 0.0);
+  for (size_t i = 0; i < gs.size(); ++i)
+    for (int64_t k = first[i]; k < first[i + 1]; ++k) out[i] += part[static_cast<size_t>(k)];
+  return out;
 }
 
 }  // namespace
@@ -137,11 +177,15 @@ Optimizer::Optimizer(NamedParams named_params, OptimConfig config,
 std::vector<double> Optimizer::slot_sum_squares() const {
   const size_t n = slots_.size();
   std::vector<double> ss(2 * n, 0.0);
+  std::vector<size_t> which;
+  std::vector<Tensor> grads;
   for (size_t i = 0; i < n; ++i) {
     const Slot& s = slots_[i];
     if (s.group != ParamGroup::BalancerOwned && mine(i) && s.param.grad().defined())
-      ss[i] = sum_squares(s.param.grad()), ss[n + i] = 1;
+      which.push_back(i), grads.push_back(s.param.grad());
   }
+  const std::vector<double> sums = sum_squares(grads);
+  for (size_t j = 0; j < which.size(); ++j) ss[which[j]] = sums[j], ss[n + which[j]] = 1;
   if (sharded() && zero_) comm_->all_reduce_sum("dp_grad_norm", ss.data(), ss.size());
   return ss;
 }
@@ -160,19 +204,9 @@ double Optimizer::clip_grad_norm(std::map<std::string, double>* groups) {
   double ss = 0;
   for (size_t i = 0; i < slots_.size(); ++i) ss += per[i];
   const double norm = std::sqrt(ss);
-  if (!std::isfinite(norm) || cfg_.clip_norm <= 0 || norm <= cfg_.clip_norm) return norm;
-  const float scale = static_cast<float>(cfg_.clip_norm / norm);
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (s.group == ParamGroup::BalancerOwned || !mine(i) || !s.param.grad().defined()) continue;
-    const Tensor g = s.param.grad();
-    const Tensor h = host_f32(g);
-    float* p = h.data<float>();
-    cpu::parallel_for(h.numel(), kGrain, [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) p[k] *= scale;
-    });
-    write_back(g, h);
-  }
+  grad_scale_ = 1;
+  if (std::isfinite(norm) && cfg_.clip_norm > 0 && norm > cfg_.clip_norm)
+    grad_scale_ = static_cast<float>(cfg_.clip_norm / norm);
   return norm;
 }
 
@@ -467,6 +501,7 @@ void Optimizer::gather_weights(dist::Comm& c, const char* name, Pick&& pick, Ran
         Tensor h = Tensor::empty(s.param.shape());
         std::memcpy(h.data<float>(), all.data() + off, n * sizeof(float));
         write_back(s.param, h);
+        if (s.mirror.defined()) s.mirror.copy_(h);
       }
       off += n;
     });
@@ -543,6 +578,22 @@ std::map<std::string, Tensor> Optimizer::gathered_state_dict() const {
 
 void Optimizer::zero_grad() {
   for (Slot& s : slots_) s.param.zero_grad();
+  grad_scale_ = 1;
+}
+
+std::vector<std::string> Optimizer::mirror_into(const NamedParams& low) {
+  std::vector<std::string> taken;
+  for (const auto& [name, t] : low) {
+    auto it =
+        std::find_if(slots_.begin(), slots_.end(), [&](const Slot& s) { return s.name == name; });
+    if (it == slots_.end() || it->group == ParamGroup::BalancerOwned) continue;
+    MYRIAD_CHECK(t.defined() && t.shape() == it->param.shape() && t.dtype() == DType::BF16,
+                 "Optimizer::mirror_into: ", name, " needs a bf16 tensor of shape ",
+                 it->param.desc(), ", got ", t.defined() ? t.desc() : std::string("undefined"));
+    it->mirror = t;
+    taken.push_back(name);
+  }
+  return taken;
 }
 
 void Optimizer::step(double lr) {
@@ -556,6 +607,7 @@ void Optimizer::step(double lr) {
     else
       adamw_update(s, lr);
   }
+  grad_scale_ = 1;
   if (!sharded() || !zero_) return;
   // ZeRO-1: every owner's updated weights to every rank that runs them: the parameters every
   // rank runs over all ranks, an expert's over its replicas (member k of replicas_ is world rank
@@ -578,9 +630,14 @@ void Optimizer::adamw_update(Slot& s, double lr) {
   const double bc1 = 1 - std::pow(b1, static_cast<double>(s.steps));
   const double bc2 = 1 - std::pow(b2, static_cast<double>(s.steps));
   Tensor w = host_f32(s.param);
-  ops::adamw_update(w, host_f32(s.param.grad()), s.exp_avg, s.exp_avg_sq,
-                    {lr, b1, b2, eps, wd, bc1, bc2});
+  const Tensor g = s.param.grad();
+  // The mirror in the same pass when the kernel writes the parameter itself.
+  const bool fused = s.mirror.defined() && w.same(s.param) && s.mirror.device().is_cpu() &&
+                     s.mirror.is_contiguous();
+  ops::adamw_update(w, readable_grad(g) ? g : host_f32(g), s.exp_avg, s.exp_avg_sq,
+                    {lr, b1, b2, eps, wd, bc1, bc2, grad_scale_}, fused ? &s.mirror : nullptr);
   write_back(s.param, w);
+  if (s.mirror.defined() && !fused) s.mirror.copy_(s.param);
 }
 
 // §1.3: momentum (Nesterov), NS5 per matrix (per expert, per head block), 0.2·√max(A, B) scale.
@@ -594,10 +651,12 @@ void Optimizer::muon_update(Slot& s, double lr) {
   float *W = w.data<float>(), *M = s.moment.data<float>(), *P = gp.data<float>();
   const float* G = g.data<float>();
   const bool nesterov = cfg_.nesterov;
+  const float gs = grad_scale_;
   cpu::parallel_for(w.numel(), kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      M[i] = static_cast<float>(mu * M[i] + G[i]);
-      P[i] = nesterov ? static_cast<float>(G[i] + mu * M[i]) : M[i];
+      const float gi = G[i] * gs;  // clipping's scale, one f32 product
+      M[i] = static_cast<float>(mu * M[i] + gi);
+      P[i] = nesterov ? static_cast<float>(gi + mu * M[i]) : M[i];
     }
   });
   const Tensor O = newton_schulz5(gp);
@@ -609,6 +668,7 @@ void Optimizer::muon_update(Slot& s, double lr) {
       W[i] = static_cast<float>(W[i] - lr * (scale * Op[i] + wd * W[i]));
   });
   write_back(s.param, w);
+  if (s.mirror.defined()) s.mirror.copy_(s.param);
 }
 
 Tensor newton_schulz5(const Tensor& g_NAB, int steps) {

@@ -50,14 +50,25 @@ class Optimizer {
             std::map<std::string, int64_t> heads_per_param = {});
 
   // Global L2 norm of all gradients (balancer-owned excluded), computed in double. When it is
-  // finite and above clip_norm the gradients are scaled in place by clip_norm / norm. NaN or Inf
-  // is returned unscaled (the trainer skips the step). With `groups`, also the norm of each group
-  // (group_name keys) before clipping, for monitoring, from the same sums (one pass over the
-  // gradients, not two).
+  // finite and above clip_norm, the next step() scales every gradient by clip_norm / norm (as an
+  // f32 factor) as it reads it: the same f32 products, so the same update, as scaling the
+  // gradients in place, without a pass of its own over them. The gradients themselves are left
+  // as they are (grad_scale() says what step() will apply; zero_grad() and step() reset it to 1,
+  // and each call measures the gradients afresh). NaN or Inf is returned with no scale set (the
+  // trainer skips the step). With `groups`, also the norm of each group (group_name keys), for
+  // monitoring, from the same sums (one pass over the gradients, not two).
   double clip_grad_norm(std::map<std::string, double>* groups = nullptr);
-  // One update at learning rate lr. Parameters without a gradient are left alone.
+  float grad_scale() const { return grad_scale_; }
+  // One update at learning rate lr. Parameters without a gradient are left alone. A gradient may
+  // be f32 or bf16 (mixed precision hands its bf16 gradients over as they are); the update is f32.
   void step(double lr);
   void zero_grad();
+  // Mixed precision's working copy: each named bf16 tensor then receives its parameter, rounded
+  // to bf16, whenever this optimizer writes the parameter (in AdamW's own pass, after Muon's
+  // update, after ZeRO-1's and the expert all-gathers), so it matches the parameter after every
+  // step() as long as nothing else writes the parameter. Returns the names it took: those of
+  // its parameters, balancer-owned ones excepted (the balancer writes them).
+  std::vector<std::string> mirror_into(const NamedParams& low);
 
   // "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.momentum_buffer", "<name>.step" (i64) and
   // "step" (i64): copies, so later steps do not change a saved dict.
@@ -110,6 +121,7 @@ class Optimizer {
     bool muon = false;
     int64_t heads = 1;                   // per-head Muon blocks
     Tensor exp_avg, exp_avg_sq, moment;  // host f32, defined as the optimiser needs them
+    Tensor mirror;                       // mirror_into's bf16 copy, or undefined
     int64_t steps = 0;                   // AdamW bias correction counts this param's updates
   };
   void adamw_update(Slot& s, double lr);
@@ -147,6 +159,7 @@ class Optimizer {
   OptimConfig cfg_;
   std::vector<Slot> slots_;
   int64_t step_ = 0;
+  float grad_scale_ = 1;  // clip_grad_norm's factor for the next step()
   dist::Comm* comm_ = nullptr;
   bool zero_ = true;
   std::vector<int> owner_;   // by slot; empty: single process

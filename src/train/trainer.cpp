@@ -323,8 +323,10 @@ struct Trainer::Impl {
   }
 
   const model::Decoder& fw() const { return shadow ? shadow->decoder() : *dec; }
-  void sync_shadow() {
-    if (shadow) shadow->refresh();
+  // after_step: only the optimizer's step() changed the master since the last sync; it wrote the
+  // copy's trainable tensors itself (Bf16Copy::attach).
+  void sync_shadow(bool after_step = false) {
+    if (shadow) after_step ? shadow->refresh_buffers() : shadow->refresh();
   }
 
   std::string path(const std::string& p) const {
@@ -463,7 +465,7 @@ struct Trainer::Impl {
                 replica_comm.get()};
     }
     opt->distribute(comm, r.parallel.zero == 1, shards);
-    if (r.precision == "bf16") shadow.emplace(*dec);
+    if (r.precision == "bf16") shadow.emplace(*dec), shadow->attach(*opt);
     for (int64_t i = 0; i < cfg.num_hidden_layers; ++i)
       if (cfg.is_moe_layer(i))
         bal.emplace(i, Balancer(cfg.myriad.balancer, cfg.num_experts, cfg.num_experts_per_token));
@@ -899,7 +901,7 @@ struct Trainer::Impl {
         std::fprintf(stderr, "trainer: 3 skipped steps but no checkpoint to roll back to\n");
       }
     }
-    sync_shadow();  // the updated master weights and biases (or the rolled-back ones)
+    sync_shadow(dn != Decision::Rollback);  // the updated biases (or the rolled-back weights)
     hist.push_back(h);
     if (h.step % r.log_every == 0 || dn != Decision::Apply) {
       scalars["loss"] = st.loss;

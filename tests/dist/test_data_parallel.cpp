@@ -253,6 +253,26 @@ TEST(DataParallel, BitwiseEqualToOneProcess) {
   }
 }
 
+// bf16 training with ZeRO-1: each rank's optimizer writes the bf16 working copy of the
+// parameters it owns as it updates them, and of the others' as the all-gather brings them, so
+// every rank runs the next forward on the same copy as one process does (a stale copy changes
+// the next step's loss).
+TEST(DataParallel, Bf16BitwiseEqualToOneProcess) {
+  OneThread one;
+  const std::string text = recipe(3, 0, "precision = \"bf16\"\n", "zero = 1");
+  const fs::path dp_dir = test_dir("dp"), one_dir = test_dir("one");
+  const Outcome dp = train(text, dp_dir, &world());
+  std::vector<std::string> d;
+  if (world().rank() == 0) {
+    const Outcome ref = train(text, one_dir, &dist::single());
+    d = compare_bitwise(dp, ref);
+    if (dp.history.size() != 3) d.push_back(cat("ran ", dp.history.size(), " steps, not 3"));
+  }
+  world().barrier("compare");
+  SCOPED_TRACE(cat(world().size(), " ranks"));
+  expect_none(d);
+}
+
 // A checkpoint written by half the ranks resumes on all of them (2 -> 4, 1 -> 2) and in one
 // process, and both continue exactly as the uninterrupted run.
 TEST(DataParallel, ResumeAtAnotherWorldSize) {

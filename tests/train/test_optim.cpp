@@ -313,18 +313,123 @@ TEST(Optimizer, ClipGradNorm) {
   set_grad(bias, vals({100, 100, 100}, {3}));  // the balancer's: not counted, not scaled
   std::map<std::string, double> groups;
   EXPECT_DOUBLE_EQ(opt.clip_grad_norm(&groups), 13.0);
-  EXPECT_DOUBLE_EQ(groups.at("no_decay"), 5.0);  // before the clip
+  EXPECT_DOUBLE_EQ(groups.at("no_decay"), 5.0);
   EXPECT_DOUBLE_EQ(groups.at("embed_head"), 12.0);
   EXPECT_EQ(groups.count("balancer"), 0u);
-  EXPECT_NEAR(a.grad().to_doubles()[0], 3.0 / 13, 1e-7);
-  EXPECT_NEAR(a.grad().to_doubles()[1], 4.0 / 13, 1e-7);
-  EXPECT_NEAR(b.grad().to_doubles()[0], 12.0 / 13, 1e-7);
+  // The scale is step()'s to apply; the gradients are left as they are.
+  EXPECT_EQ(opt.grad_scale(), static_cast<float>(1.0 / 13));
+  EXPECT_EQ(a.grad().to_doubles(), (std::vector<double>{3, 4}));
+  EXPECT_EQ(b.grad().to_doubles()[0], 12.0);
   EXPECT_EQ(bias.grad().to_doubles()[0], 100.0);
-  EXPECT_NEAR(opt.clip_grad_norm(), 1.0, 1e-6);  // now within the limit: left alone
-  EXPECT_NEAR(b.grad().to_doubles()[0], 12.0 / 13, 1e-7);
+  EXPECT_DOUBLE_EQ(opt.clip_grad_norm(), 13.0);  // measured afresh: the same scale
+  EXPECT_EQ(opt.grad_scale(), static_cast<float>(1.0 / 13));
+  opt.zero_grad();
+  EXPECT_EQ(opt.grad_scale(), 1.0f);
+  set_grad(a, vals({0.3, 0.4}, {2}));
+  set_grad(b, vals({0}, {1, 1}));
+  set_grad(bias, vals({100, 100, 100}, {3}));
+  EXPECT_NEAR(opt.clip_grad_norm(), 0.5, 1e-7);  // within the limit: no scale
+  EXPECT_EQ(opt.grad_scale(), 1.0f);
   // The balancer-owned tensor is never updated.
   opt.step(0.1);
   EXPECT_EQ(bias.to_doubles(), std::vector<double>(3, 0.0));
+}
+
+// A clipped step (the scale applied as step() reads each gradient) has the bits of a step on
+// gradients scaled in place by the same f32 factor, for AdamW and Muon parameters alike; step()
+// then drops the scale.
+TEST(Optimizer, ClippedStepEqualsStepOnScaledGradients) {
+  const std::vector<std::pair<std::string, Shape>> specs = {
+      {"model.layers.0.self_attn.q_proj.weight", {6, 4}},
+      {"model.embed_tokens.weight", {5, 4}},
+      {"model.norm.weight", {4}}};
+  for (const char* matrix : {"muon", "adamw"}) {
+    OptimConfig cfg;
+    cfg.matrix_optimizer = matrix;
+    cfg.clip_norm = 0.5;
+    OptimConfig unclipped = cfg;
+    unclipped.clip_norm = 0;
+    NamedParams pa, pb;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      pa.push_back({specs[i].first, randn(specs[i].second, 7 + i)});
+      pb.push_back({specs[i].first, pa.back().second.clone()});
+    }
+    Optimizer a(pa, cfg), b(pb, unclipped);
+    for (int t = 0; t < 3; ++t) {
+      for (size_t i = 0; i < specs.size(); ++i)
+        set_grad(pa[i].second, randn(specs[i].second, 50 + 10 * t + i));
+      const double norm = a.clip_grad_norm();
+      ASSERT_GT(norm, 0.5);
+      const float scale = static_cast<float>(0.5 / norm);
+      EXPECT_EQ(a.grad_scale(), scale);
+      for (size_t i = 0; i < specs.size(); ++i) {
+        std::vector<float> g = pa[i].second.grad().to_floats();
+        for (float& x : g) x *= scale;
+        pb[i].second.set_grad(Tensor::from_floats(g, specs[i].second));
+      }
+      b.clip_grad_norm();
+      a.step(0.01);
+      b.step(0.01);
+      EXPECT_EQ(a.grad_scale(), 1.0f);
+      for (size_t i = 0; i < specs.size(); ++i)
+        EXPECT_EQ(pa[i].second.to_floats(), pb[i].second.to_floats())
+            << matrix << " step " << t << " " << specs[i].first;
+    }
+  }
+}
+
+// Mixed precision's hand-over: a bf16 gradient is read as the f32 it widens to (the same norm and
+// update bits), and a mirrored parameter's bf16 copy is written by every update (AdamW's own
+// pass, after Muon's) with the bits of param.to(BF16); tensors not mirrored are not touched.
+TEST(Optimizer, Bf16GradientsAndMirrorsMatchTheF32Path) {
+  const std::vector<std::pair<std::string, Shape>> specs = {
+      {"model.layers.0.self_attn.q_proj.weight", {6, 4}},
+      {"model.layers.0.mlp.experts.gate_up_proj", {2, 4, 3}},
+      {"model.embed_tokens.weight", {5, 40000}},  // over one kGrain block: threaded
+      {"model.norm.weight", {4}},
+      {"model.layers.0.mlp.gate.e_score_correction_bias", {2}}};
+  for (const char* matrix : {"muon", "adamw"}) {
+    OptimConfig cfg;
+    cfg.matrix_optimizer = matrix;
+    cfg.clip_norm = 0.1;
+    NamedParams pa, pb, low;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      pa.push_back({specs[i].first, randn(specs[i].second, 3 + i)});
+      pb.push_back({specs[i].first, pa.back().second.clone()});
+      low.push_back({specs[i].first, Tensor::zeros(specs[i].second, DType::BF16)});
+    }
+    Optimizer a(pa, cfg), b(pb, cfg);
+    const std::vector<std::string> taken = b.mirror_into(low);
+    EXPECT_EQ(taken.size(), specs.size() - 1) << "the balancer's bias is not mirrored";
+    for (int t = 0; t < 2; ++t) {
+      for (size_t i = 0; i < specs.size(); ++i) {
+        const Tensor g16 = randn(specs[i].second, 90 + 10 * t + i).to(DType::BF16);
+        pa[i].second.set_grad(g16.to(DType::F32));
+        pb[i].second.set_grad(g16);
+      }
+      EXPECT_EQ(a.clip_grad_norm(), b.clip_grad_norm());
+      a.step(0.01);
+      b.step(0.01);
+      for (size_t i = 0; i < specs.size(); ++i) {
+        EXPECT_EQ(pa[i].second.to_floats(), pb[i].second.to_floats())
+            << matrix << " " << specs[i].first;
+        if (i + 1 < specs.size())
+          EXPECT_EQ(low[i].second.to_floats(), pb[i].second.to(DType::BF16).to_floats())
+              << matrix << " " << specs[i].first;
+        else
+          EXPECT_EQ(low[i].second.to_floats(), std::vector<float>(2, 0.0f));
+      }
+    }
+  }
+  Optimizer c({{"model.norm.weight", Tensor::zeros({4})}}, OptimConfig{});
+  try {
+    c.mirror_into({{"model.norm.weight", Tensor::zeros({4})}});
+    ADD_FAILURE() << "an f32 mirror was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("mirror_into"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(c.mirror_into({{"model.other.weight", Tensor::zeros({4}, DType::BF16)}}).empty());
 }
 
 TEST(Optimizer, NonFiniteNormIsReportedUnscaled) {

@@ -22,17 +22,6 @@ inline D convert(S v) {
   }
 }
 
-// core/dtype.h's f32_to_bf16 (round to nearest even, NaN kept NaN) written branch-free, so each
-// clone vectorises it.
-MYRIAD_CPU_CLONES void f32_to_bf16_row(const float* __restrict s, uint16_t* __restrict d,
-                                       int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = std::bit_cast<uint32_t>(s[i]);
-    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40u;
-    d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-  }
-}
-
 // dst[i * sd] = src[i * ss] for i < n, elements of type T.
 template <class T>
 void copy_row(const char* ps, int64_t ss, char* pd, int64_t sd, int64_t n) {
@@ -118,7 +107,7 @@ void copy_cpu(const Tensor& src, Tensor& dst) {
     // tensor at a time) runs on two threads.
     if (ts == DType::F32 && td == DType::BF16)
       return parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
-        f32_to_bf16_row(reinterpret_cast<const float*>(ps) + b, reinterpret_cast<uint16_t*>(pd) + b,
+        f32_row_to_bf16(reinterpret_cast<const float*>(ps) + b, reinterpret_cast<uint16_t*>(pd) + b,
                         e - b);
       });
     if (ts == DType::BF16 && td == DType::F32)
