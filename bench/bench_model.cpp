@@ -9,7 +9,8 @@
 // MODEL.md random init. --profile=1 then times each layer type's forward + backward on its own
 // (same B, T) to show where a step's time goes, with its GFLOP/s (projections counted as 6 x
 // params x tokens, plus the attention core below) as a fraction of the measured peak;
-// --profile=2 times the MoE FFN alone, --profile=3 the KDA attention layer alone (each over 50
+// --profile=2 times the MoE FFN alone, --profile=3 the KDA attention layer alone, --profile=4 the
+// MLA attention layer alone (each over 50
 // repetitions instead of 5, long enough to sample with perf).
 //
 // Model FLOPs per step (printed, and the basis of "fraction of peak"), forward + backward = 3x
@@ -338,6 +339,7 @@ int main(int argc, char** argv) {
       profile(copy ? copy->decoder() : m, ids, step_s, peak,
               prof == 2   ? "MoE FFN"
               : prof == 3 ? "KDA attention"
+              : prof == 4 ? "MLA attention"
                           : "");
     std::printf(
         "RESULT myriad tokens_per_s=%.1f step_ms=%.2f step_min_ms=%.2f B=%lld T=%lld steps=%d "
