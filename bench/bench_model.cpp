@@ -10,7 +10,7 @@
 // (same B, T) to show where a step's time goes, with its GFLOP/s (projections counted as 6 x
 // params x tokens, plus the attention core below) as a fraction of the measured peak;
 // --profile=2 times the MoE FFN alone, --profile=3 the KDA attention layer alone, --profile=4 the
-// MLA attention layer alone (each over 50
+// MLA attention layer alone, --profile=5 the embedding, head and loss (each over 50
 // repetitions instead of 5, long enough to sample with perf).
 //
 // Model FLOPs per step (printed, and the basis of "fraction of peak"), forward + backward = 3x
@@ -209,7 +209,7 @@ void profile(Decoder& m, const Tensor& ids, double step_s, double peak, const st
   // Embedding, final norm and the fused LM head + cross-entropy (the step's loss).
   std::vector<int64_t> tgt = ids.to_ints();
   const Tensor targets = Tensor::from_ints(tgt, {B * T});
-  if (only.empty()) {
+  if (only.empty() || only == "embedding + head + loss") {
     const int64_t Bc = B, Tc = T;
     auto head = [&, Bc, Tc] {
       w.requires_grad_(true);
@@ -340,6 +340,7 @@ int main(int argc, char** argv) {
               prof == 2   ? "MoE FFN"
               : prof == 3 ? "KDA attention"
               : prof == 4 ? "MLA attention"
+              : prof == 5 ? "embedding + head + loss"
                           : "");
     std::printf(
         "RESULT myriad tokens_per_s=%.1f step_ms=%.2f step_min_ms=%.2f B=%lld T=%lld steps=%d "

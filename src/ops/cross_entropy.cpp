@@ -136,8 +136,12 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
   Tensor dw = !gw ? Tensor() : n ? Tensor::empty({v, d}, ct, dev) : Tensor::zeros({v, d}, ct, dev);
   // Per-chunk buffers, reused: only [c, V] logits ever exist.
   const int64_t c = std::max<int64_t>(1, std::min(chunk_rows, n));
-  Tensor logits = Tensor::empty({c, v}, ct, dev);
+  // bf16 logits straight into the rows kernel (no f32 copy of them, none of dlogits back) where
+  // that kernel takes them: unweighted rows on the CPU (its bits are those of the copies).
+  const bool rows_low =
+      low && dt == DType::BF16 && !wt.defined() && backend_for(dev, dt) == Backend::CPU;
   Tensor logits_low = low ? Tensor::empty({c, v}, dt, dev) : Tensor();
+  Tensor logits = rows_low ? logits_low : Tensor::empty({c, v}, ct, dev);
   // bf16 inputs: each chunk's dw as a bf16 GEMM (f32 accumulation inside, on the bf16 dlogits the
   // dh GEMM uses), added into the f32 dw.
   Tensor dw_low = low && gw ? Tensor::empty({v, d}, dt, dev) : Tensor();
@@ -156,9 +160,10 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
     a.a = hm.data_ptr(), a.lda = d, a.b = wc.data_ptr(), a.ldb = d;
     a.c = (low ? logits_low : logits).data_ptr(), a.ldc = v;
     gemm(a);
-    if (low) lg.copy_(rows(logits_low, 0, m));
     Tensor lm = rows(loss_rows, r0, m);
-    cross_entropy_rows_kernels().get(dev, ct)(lg, rows(tg, r0, m), lm, gh || gw);
+    if (low && !rows_low) lg.copy_(rows(logits_low, 0, m));
+    // (with rows_low, lg is the bf16 logits: the CPU kernel writes the bf16 dlogits in place)
+    cross_entropy_rows_kernels().get(dev, lg.dtype())(lg, rows(tg, r0, m), lm, gh || gw);
     if (wt.defined()) {  // weighted rows: scale each row's loss and logit gradient by its weight
       NoGradGuard no_grad;
       const Tensor wm = rows(wt, r0, m);
@@ -168,7 +173,7 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
     Tensor dl = lg;  // dlogits in dt
     if (low && (gh || gw)) {
       dl = rows(logits_low, 0, m);
-      dl.copy_(lg);
+      if (!rows_low) dl.copy_(lg);
     }
     if (gh) {  // dh_chunk = dlogits . w
       GemmArgs b = gemm_args(dt);

@@ -23,7 +23,8 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
                             int64_t chunk_rows = 1024, const Tensor& weights = Tensor());
 
 // ---- kernel: per-row loss and, in place, dlogits = softmax - onehot for one chunk ----
-// logits [n, V] (f32; f64 on the reference path) contiguous, is overwritten with
+// logits [n, V] (f32; f64 on the reference path; bf16 too on the CPU kernel, which computes in
+// f32 and rounds the gradient back) contiguous, is overwritten with
 // d(loss_row)/d(logits) when grad is true; loss [n] (logits' dtype) receives -log softmax at the
 // target (0 for ignored rows, whose gradient row is 0).
 using CrossEntropyRowsKernel = void (*)(Tensor& logits, const Tensor& targets, Tensor& loss,

@@ -123,6 +123,32 @@ TEST_P(CrossEntropy, Bf16LinearReturnsInputDtypeGrads) {
   EXPECT_EQ(w.grad().dtype(), DType::BF16);
 }
 
+// bf16 on the CPU: the rows kernel reads the bf16 logits and writes the bf16 dlogits in place
+// (unweighted rows). It gives the bits of the path through f32 copies, which weighted rows still
+// take: weight 1 everywhere changes nothing else. Two chunks, ignored rows, a row wider than a
+// vector.
+TEST(CrossEntropyBf16, RowsKernelHasTheBitsOfTheF32Copies) {
+  const int64_t n = 9, v = 300, d = 16;
+  Tensor tg = targets_for(n, v, 81, 3);
+  std::vector<double> got[2][3];
+  for (int weighted = 0; weighted < 2; ++weighted) {
+    Tensor h = ops::mul(randn({n, d}, 82), 2.0).to(DType::BF16).requires_grad_();
+    Tensor w = randn({v, d}, 83).to(DType::BF16).requires_grad_();
+    Tensor loss = weighted ? ops::linear_cross_entropy(h, w, tg, 5, Tensor::full({n}, 1.0))
+                           : ops::linear_cross_entropy(h, w, tg, 5);
+    loss.backward();
+    got[weighted][0] = loss.to_doubles();
+    got[weighted][1] = h.grad().to_doubles();
+    got[weighted][2] = w.grad().to_doubles();
+  }
+  EXPECT_EQ(got[0][0], got[1][0]) << "loss";
+  EXPECT_EQ(got[0][1], got[1][1]) << "dh";
+  EXPECT_EQ(got[0][2], got[1][2]) << "dw";
+  double norm = 0;
+  for (double g : got[0][1]) norm += g * g;
+  EXPECT_GT(norm, 0.0);
+}
+
 TEST_P(CrossEntropy, ExtremeLogitsStayFinite) {
   Device dev = device_of(backend());
   std::vector<double> v = {1e4, -1e4, 0, -1e4, 1e4, -1e4, 0, 0, 0, 1e4, 1e4, -1e4};
