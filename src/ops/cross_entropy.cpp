@@ -170,10 +170,10 @@ Tensor linear_cross_entropy(const Tensor& h, const Tensor& w, const Tensor& targ
       lm.copy_(mul(lm, wm));
       if (gh || gw) lg.copy_(mul(lg, reshape(wm, {m, 1})));
     }
-    Tensor dl = lg;  // dlogits in dt
-    if (low && (gh || gw)) {
+    Tensor dl = lg;  // dlogits in dt (already so with rows_low)
+    if (low && !rows_low && (gh || gw)) {
       dl = rows(logits_low, 0, m);
-      if (!rows_low) dl.copy_(lg);
+      dl.copy_(lg);
     }
     if (gh) {  // dh_chunk = dlogits . w
       GemmArgs b = gemm_args(dt);

@@ -10,8 +10,10 @@ namespace myriad::train {
 Bf16Copy::Bf16Copy(const model::Decoder& master)
     : master_(master), copy_(master.config(), master.weights().to(DType::BF16)) {
   copy_.weights().requires_grad_(true);
-  for (const auto& [name, t] : master_.weights().tensors())
+  for (const auto& [name, t] : master_.weights().tensors()) {
     if (t.requires_grad()) params_.emplace_back(t, copy_.weights().get(name));
+    unmirrored_.emplace_back(t, copy_.weights().get(name));  // until attach()
+  }
 }
 
 void Bf16Copy::accumulate_grads() {
@@ -39,11 +41,9 @@ void Bf16Copy::attach(Optimizer& opt) {
   unmirrored_.clear();
   for (const auto& [name, t] : master_.weights().tensors())
     if (!mirrored.contains(name)) unmirrored_.emplace_back(t, copy_.weights().get(name));
-  attached_ = true;
 }
 
 void Bf16Copy::refresh_buffers() {
-  if (!attached_) return refresh();
   NoGradGuard ng;
   for (auto& [m, c] : unmirrored_) c.copy_(m);
 }

@@ -33,7 +33,7 @@ class Bf16Copy {
   // updates the master's (Optimizer::mirror_into), so a step needs no refresh() pass over them.
   void attach(Optimizer& opt);
   // After the attached optimiser's step(): copies only what it does not write (buffers, the
-  // balancer's selection bias).
+  // balancer's selection bias); everything, as refresh() does, when no optimiser is attached.
   void refresh_buffers();
 
  private:
@@ -41,7 +41,6 @@ class Bf16Copy {
   model::Decoder copy_;
   std::vector<std::pair<Tensor, Tensor>> params_;      // (master, copy) trainable pairs
   std::vector<std::pair<Tensor, Tensor>> unmirrored_;  // (master, copy) the optimiser leaves
-  bool attached_ = false;
 };
 
 }  // namespace myriad::train

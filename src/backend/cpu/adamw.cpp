@@ -35,11 +35,6 @@ void adamw_cpu(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const ops::Adam
   const float* G = g16 ? nullptr : g.data<float>();
   const uint16_t* G16 = g16 ? g.data<uint16_t>() : nullptr;
   uint16_t* L = w_low ? w_low->data<uint16_t>() : nullptr;
-  if (!g16 && !L) {
-    parallel_for(w.numel(), 1 << 14,
-                 [&](int64_t b, int64_t e) { adamw_span(W + b, G + b, M + b, V + b, e - b, a); });
-    return;
-  }
   constexpr int64_t kBlock = 1024;
   parallel_for(w.numel(), 1 << 14, [&](int64_t b, int64_t e) {
     alignas(64) float buf[kBlock];
