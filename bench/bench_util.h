@@ -3,10 +3,8 @@
 // environment settings, and the nominal CPU clock.
 #pragma once
 #include <benchmark/benchmark.h>
-#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,6 +17,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include "backend/cpu/amx.h"
 
 namespace myriad::bench {
 
@@ -140,25 +140,6 @@ __attribute__((target("avx2,fma"))) inline double fma_chain_flops_avx2(int64_t i
   return static_cast<double>(iters) * 12 * 16;
 }
 
-// True when the CPU has AMX-TILE and AMX-BF16 (CPUID.(EAX=7,ECX=0):EDX bits 24 and 22) and the
-// kernel grants this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA; Linux >= 5.16, refused where the OS does not enable AMX). Asked once; the
-// permission is per process, so it covers every OpenMP thread.
-inline bool amx_bf16_usable() {
-  static const bool usable = [] {
-#if defined(__linux__) && defined(__x86_64__)
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    if (!(edx & (1u << 22)) || !(edx & (1u << 24))) return false;
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-    return false;
-#endif
-  }();
-  return usable;
-}
-
 // The bf16 chains on the AMX tile unit: tiles 0-3 accumulate C[i][j] += A[i] B[j] from A in
 // tiles 4-5 and B in tiles 6-7, all 16 rows x 64 bytes (palette 1), so four independent
 // TDPBF16PS chains (a full 16x16x32 product: 16 * 16 * 32 * 2 = 16384 FLOP each) cover the
@@ -207,7 +188,7 @@ __attribute__((target("amx-tile,amx-bf16"))) inline double amx_chain_flops(int64
 inline const char* peak_method(bool bf16) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
   if (bf16) {
-    if (amx_bf16_usable()) return "AMX TDPBF16PS";
+    if (cpu::amx_bf16_hardware()) return "AMX TDPBF16PS";
     return avx512 && __builtin_cpu_supports("avx512bf16") ? "AVX-512 VDPBF16PS" : "none";
   }
   if (avx512) return "AVX-512 FMA";
@@ -215,7 +196,7 @@ inline const char* peak_method(bool bf16) {
 }
 
 inline double measured_peak_gflops(bool bf16) {
-  const bool amx = bf16 && amx_bf16_usable();
+  const bool amx = bf16 && cpu::amx_bf16_hardware();
   const bool avx512 = __builtin_cpu_supports("avx512f");
   if (!amx) {
     if (!avx512 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;

@@ -14,8 +14,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/rows.h"
 #include "ops/attention.h"
@@ -29,6 +31,9 @@ constexpr float kInf = __builtin_inff();
 
 int64_t round16(int64_t n) {
   return (n + 15) / 16 * 16;
+}
+int64_t round32(int64_t n) {
+  return (n + 31) / 32 * 32;
 }
 
 // ---- tile products ----
@@ -120,12 +125,12 @@ RowMask row_mask(const AttentionParams& p, int64_t qpos, int64_t j0, int64_t n) 
 }
 
 // One key tile against a query tile, forward. st[j·64 + r] holds the score of key j0 + j for
-// row r (the tile is keys x rows, so every step below runs across rows). Adds the bias where
-// j < blim[r], masks keys j > vis[r], updates the running max m and sum l, sets corr to the
+// row r (the tile is keys x rows, so every step below runs across rows), times mul. Adds the bias
+// where j < blim[r], masks keys j > vis[r], updates the running max m and sum l, sets corr to the
 // factor the output rows must be rescaled by, and leaves the probabilities in st.
 MYRIAD_CPU_CLONES void online_tile(float* __restrict st, int64_t n, int64_t rp,
                                    const int32_t* __restrict vis, const int32_t* __restrict blim,
-                                   const float* __restrict bias, float* __restrict m,
+                                   const float* __restrict bias, float mul, float* __restrict m,
                                    float* __restrict l, float* __restrict corr) {
   float mx[kTile], sum[kTile];
   for (int64_t r = 0; r < rp; ++r) mx[r] = -kInf, sum[r] = 0.0f;
@@ -133,7 +138,7 @@ MYRIAD_CPU_CLONES void online_tile(float* __restrict st, int64_t n, int64_t rp,
     float* row = st + j * kTile;
     const float bj = bias ? bias[j] : 0.0f;
     for (int64_t r = 0; r < rp; ++r) {
-      const float x = j <= vis[r] ? row[r] + (j < blim[r] ? bj : 0.0f) : -kInf;
+      const float x = j <= vis[r] ? row[r] * mul + (j < blim[r] ? bj : 0.0f) : -kInf;
       row[r] = x;
       mx[r] = std::max(mx[r], x);
     }
@@ -155,11 +160,13 @@ MYRIAD_CPU_CLONES void online_tile(float* __restrict st, int64_t n, int64_t rp,
   for (int64_t r = 0; r < rp; ++r) l[r] = l[r] * corr[r] + sum[r];
 }
 
-// One query row against one key tile (backward): P = exp(s + bias − lse) on visible keys (into
-// s), the score gradient dS = P (dP − delta) (into dp), and dbias += dS on biased keys.
+// One query row against one key tile (backward): P = exp(mul s + bias − lse) on visible keys
+// (into s), the score gradient dS = P (dP − delta) (into dp), and dbias += dS on biased keys.
 MYRIAD_CPU_CLONES void backward_row(float* __restrict s, float* __restrict dp, RowMask mk,
-                                    const float* __restrict bias, float lse, float delta,
+                                    const float* __restrict bias, float lse, float delta, float mul,
                                     float* __restrict dbias) {
+  if (mul != 1.0f)
+    for (int64_t j = 0; j < kTile; ++j) s[j] *= mul;
   if (bias)
     for (int64_t j = 0; j < mk.bias_end; ++j) s[j] += bias[j];
   for (int64_t j = 0; j < kTile; ++j) {
@@ -316,6 +323,10 @@ void forward(const AttentionParams& p, const Geometry& g, const View4& Q, const 
   // Split partials: unnormalised output rows, running max and sum.
   std::vector<float> part_o(splits > 1 ? items * splits * kTile * g.Dvp : 0);
   std::vector<float> part_ml(splits > 1 ? items * splits * kTile * 2 : 0);
+  // bf16 rows on a CPU with AMX: the two products of a tile on the tile unit (bf16 operands, f32
+  // sums; the probabilities rounded to bf16 as they enter the second).
+  const bool amx = !Q.f32 && !K.f32 && !V.f32 && amx_bf16();
+  const int64_t Dk32 = round32(g.Dk);
 
   auto run = [&](int64_t item, int64_t split) {
     const int64_t rt = item % g.row_tiles, bh = item / g.row_tiles;
@@ -327,14 +338,32 @@ void forward(const AttentionParams& p, const Geometry& g, const View4& Q, const 
     const int64_t nkt = (key_end + kTile - 1) / kTile;
     const int64_t kt0 = nkt * split / splits, kt1 = nkt * (split + 1) / splits;
     const int64_t Rp = round16(R);
-    std::vector<float> qt(g.Dk * kTile), kb(kTile * g.Dk), vb(kTile * g.Dvp), st(kTile * kTile),
-        o(kTile * g.Dvp), m(kTile, -kInf), l(kTile, 0.0f), corr(kTile), tmp(g.Dk), bb(kTile);
-    // The query tile transposed and scaled: qt[d·64 + r]. Padding rows see no key.
+    std::vector<float> qt(amx ? 0 : g.Dk * kTile), kb(amx ? 0 : kTile * g.Dk),
+        vb(amx ? 0 : kTile * g.Dvp), st(kTile * kTile), o(kTile * g.Dvp), m(kTile, -kInf),
+        l(kTile, 0.0f), corr(kTile), tmp(g.Dk), bb(kTile);
+    // AMX operands: the query tile transposed (pairs), a key tile's rows, P transposed, V (pairs).
+    std::vector<uint16_t> bq(amx ? Dk32 * Rp : 0), ka(amx ? kTile * Dk32 : 0),
+        pa(amx ? kTile * kTile : 0), bv(amx ? kTile * g.Dvp : 0);
+    std::vector<const uint16_t*> rows(amx ? kTile : 0);
+    auto bf16_row = [](const View4& x, int64_t b, int64_t h, int64_t t) {
+      return static_cast<const uint16_t*>(x.row(b, h, t));
+    };
+    // The query tile transposed and scaled: qt[d·64 + r] (AMX: unscaled, as pairs, the scale
+    // applied to the f32 scores). Padding rows see no key.
     std::vector<int64_t> qpos(kTile, std::numeric_limits<int32_t>::min());
     for (int64_t r = 0; r < R; ++r) {
+      qpos[r] = qoff[b] + g.pos(r0 + r);
+      if (amx) {
+        rows[r] = bf16_row(Q, b, g.head(hk, r0 + r), g.pos(r0 + r));
+        continue;
+      }
       Q.load(b, g.head(hk, r0 + r), g.pos(r0 + r), tmp.data(), scale);
       for (int64_t d = 0; d < g.Dk; ++d) qt[d * kTile + r] = tmp[d];
-      qpos[r] = qoff[b] + g.pos(r0 + r);
+    }
+    std::optional<AmxTiles> tiles;
+    if (amx) {
+      pack_pairs_t(rows.data(), g.Dk, R, bq.data(), Dk32, Rp);
+      tiles.emplace();
     }
     std::vector<int32_t> vis(kTile), blim(kTile);
     for (int64_t t = kt0; t < kt1; ++t) {
@@ -344,12 +373,27 @@ void forward(const AttentionParams& p, const Geometry& g, const View4& Q, const 
         vis[r] = p.causal && r < R ? std::clamp<int64_t>(qpos[r] - j0, -1, kTile) : kTile;
         blim[r] = r < R ? std::clamp<int64_t>(qpos[r] - p.bias_window - j0, 0, kTile) : 0;
       }
+      const float* bias_t = load_bias(bias, b, j0, n, bb.data());
+      if (amx) {
+        const int64_t n16 = round16(n), n32 = round32(n);
+        for (int64_t j = 0; j < n; ++j) rows[j] = bf16_row(K, b, hk, j0 + j);
+        pack_rows(rows.data(), n, g.Dk, ka.data(), Dk32, n16, Dk32);
+        amx_gemm(n16, Rp, Dk32, ka.data(), Dk32, bq.data(), 2 * Rp, st.data(), kTile, false);
+        online_tile(st.data(), n, Rp, vis.data(), blim.data(), bias_t, scale, m.data(), l.data(),
+                    corr.data());
+        for (int64_t r = 0; r < R; ++r)
+          if (corr[r] != 1.0f) scale_row(o.data() + r * g.Dvp, g.Dv, corr[r]);
+        pack_rows_t(st.data(), kTile, R, n, pa.data(), kTile, Rp, n32);
+        for (int64_t j = 0; j < n; ++j) rows[j] = bf16_row(V, b, hk, j0 + j);
+        pack_pairs(rows.data(), n, g.Dv, bv.data(), n32, g.Dvp);
+        amx_gemm(Rp, g.Dvp, n32, pa.data(), kTile, bv.data(), 2 * g.Dvp, o.data(), g.Dvp, true);
+        continue;
+      }
       int64_t ldk, ldv;
       const float* kp = K.rows(b, hk, j0, n, false, kb.data(), g.Dk, ldk);
       const float* vp = V.rows(b, hk, j0, n, true, vb.data(), g.Dvp, ldv);
-      const float* bias_t = load_bias(bias, b, j0, n, bb.data());
       tile_gemm(n, Rp, g.Dk, kp, ldk, 1, qt.data(), kTile, st.data(), kTile, false);
-      online_tile(st.data(), n, Rp, vis.data(), blim.data(), bias_t, m.data(), l.data(),
+      online_tile(st.data(), n, Rp, vis.data(), blim.data(), bias_t, 1.0f, m.data(), l.data(),
                   corr.data());
       for (int64_t r = 0; r < R; ++r)
         if (corr[r] != 1.0f) scale_row(o.data() + r * g.Dvp, g.Dv, corr[r]);
@@ -451,7 +495,14 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
   // Key slices per (batch, kv head) so every thread has work; each slice adds into its own dq
   // partial (f32, [B·Hkv·rows, Dkp]), capped at ~256 MiB in all.
   const int64_t items = g.B * g.Hkv, threads = omp_get_max_threads();
-  const int64_t dq_floats = items * g.rows * g.Dkp;
+  // bf16 rows on a CPU with AMX: the five products of a tile pair on the tile unit (bf16 operands
+  // and f32 sums; P and dS rounded to bf16 as they enter the products).
+  const bool amx = !Q.f32 && !K.f32 && !V.f32 && !dO.f32 && amx_bf16();
+  const int64_t Dk32 = round32(g.Dk), Dv32 = round32(g.Dv);
+  // An item's dq partial has 15 rows to spare: the AMX products write whole 16-row tiles (and a
+  // causal row tile starts at the first row that sees its keys, anywhere).
+  const int64_t rows_p = g.rows + 15;
+  const int64_t dq_floats = items * rows_p * g.Dkp;
   int64_t slices =
       std::clamp<int64_t>((2 * threads + items - 1) / items, 1, std::max<int64_t>(g.key_tiles, 1));
   while (slices > 1 && slices * dq_floats * 4 > (int64_t{256} << 20)) --slices;
@@ -461,14 +512,38 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
 
   auto run = [&](int64_t item, int64_t slice) {
     const int64_t b = item / g.Hkv, hk = item % g.Hkv;
-    std::vector<float> kt(g.Dkp * kTile), kr(kTile * g.Dkp), vt(g.Dvp * kTile), qb(kTile * g.Dkp),
-        ob(kTile * g.Dvp), s(kTile * kTile), dp(kTile * kTile), dk_acc(kTile * g.Dkp),
-        dv_acc(kTile * g.Dvp), tmp(g.Dvp), bb(kTile);
-    float* dq_base = dq_part.data() + (slice * items + item) * g.rows * g.Dkp;
+    const int64_t nf = amx ? 0 : 1;  // the f32 path's buffers
+    std::vector<float> kt(nf * g.Dkp * kTile), kr(nf * kTile * g.Dkp), vt(nf * g.Dvp * kTile),
+        qb(nf * kTile * g.Dkp), ob(nf * kTile * g.Dvp), s(kTile * kTile), dp(kTile * kTile),
+        dk_acc(kTile * g.Dkp), dv_acc(kTile * g.Dvp), tmp(g.Dvp), bb(kTile);
+    // AMX operands: per key tile Kᵀ and Vᵀ (pairs over d), K (pairs over keys); per row tile the
+    // q and dout rows, and both as pairs over rows; P, dS transposed and dS.
+    const int64_t na = amx ? 1 : 0;
+    std::vector<uint16_t> bkt(na * Dk32 * kTile), bvt(na * Dv32 * kTile), bk(na * kTile * g.Dkp),
+        qa(na * kTile * Dk32), oa(na * kTile * Dv32), bq(na * kTile * g.Dkp),
+        bo(na * kTile * g.Dvp), pt(na * kTile * kTile), dst(na * kTile * kTile),
+        dsa(na * kTile * kTile);
+    std::vector<const uint16_t*> krows(na * kTile), vrows(na * kTile), qrows(na * kTile),
+        orows(na * kTile);
+    std::optional<AmxTiles> tiles;
+    if (amx) tiles.emplace();
+    auto bf16_row = [](const View4& x, int64_t b, int64_t h, int64_t t) {
+      return static_cast<const uint16_t*>(x.row(b, h, t));
+    };
+    float* dq_base = dq_part.data() + (slice * items + item) * rows_p * g.Dkp;
     for (int64_t t = slice; t < g.key_tiles; t += slices) {
       const int64_t j0 = t * kTile, n = std::min(kTile, g.Tk - j0);
-      load_keys(K, b, hk, j0, n, kt.data(), kr.data(), g.Dkp, nullptr);
-      load_keys(V, b, hk, j0, n, vt.data(), nullptr, 0, tmp.data());
+      const int64_t n16 = round16(n), n32 = round32(n);
+      if (amx) {
+        for (int64_t j = 0; j < n; ++j)
+          krows[j] = bf16_row(K, b, hk, j0 + j), vrows[j] = bf16_row(V, b, hk, j0 + j);
+        pack_pairs_t(krows.data(), g.Dk, n, bkt.data(), Dk32, kTile);
+        pack_pairs_t(vrows.data(), g.Dv, n, bvt.data(), Dv32, kTile);
+        pack_pairs(krows.data(), n, g.Dk, bk.data(), n32, g.Dkp);
+      } else {
+        load_keys(K, b, hk, j0, n, kt.data(), kr.data(), g.Dkp, nullptr);
+        load_keys(V, b, hk, j0, n, vt.data(), nullptr, 0, tmp.data());
+      }
       const float* bias_t = load_bias(bias, b, j0, n, bb.data());
       float* dbias_t = bias.defined() ? dbias_part.data() + item * g.Tk + j0 : nullptr;
       std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
@@ -477,20 +552,47 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
       const int64_t r_begin =
           p.causal ? std::clamp<int64_t>((j0 - p.q_offset) * g.G, 0, g.rows) : 0;
       for (int64_t r0 = r_begin; r0 < g.rows; r0 += kTile) {
-        const int64_t R = std::min(kTile, g.rows - r0);
+        const int64_t R = std::min(kTile, g.rows - r0), R16 = round16(R), R32 = round32(R);
         for (int64_t r = 0; r < R; ++r) {
           const int64_t h = g.head(hk, r0 + r), i = g.pos(r0 + r);
+          if (amx) {
+            qrows[r] = bf16_row(Q, b, h, i), orows[r] = bf16_row(dO, b, h, i);
+            continue;
+          }
           Q.load(b, h, i, qb.data() + r * g.Dkp, scale);
           dO.load(b, h, i, ob.data() + r * g.Dvp);
         }
-        tile_gemm(R, kTile, g.Dk, qb.data(), g.Dkp, 1, kt.data(), kTile, s.data(), kTile, false);
-        tile_gemm(R, kTile, g.Dv, ob.data(), g.Dvp, 1, vt.data(), kTile, dp.data(), kTile, false);
+        if (amx) {
+          pack_rows(qrows.data(), R, g.Dk, qa.data(), Dk32, R16, Dk32);
+          pack_rows(orows.data(), R, g.Dv, oa.data(), Dv32, R16, Dv32);
+          amx_gemm(R16, kTile, Dk32, qa.data(), Dk32, bkt.data(), 2 * kTile, s.data(), kTile,
+                   false);
+          amx_gemm(R16, kTile, Dv32, oa.data(), Dv32, bvt.data(), 2 * kTile, dp.data(), kTile,
+                   false);
+        } else {
+          tile_gemm(R, kTile, g.Dk, qb.data(), g.Dkp, 1, kt.data(), kTile, s.data(), kTile, false);
+          tile_gemm(R, kTile, g.Dv, ob.data(), g.Dvp, 1, vt.data(), kTile, dp.data(), kTile, false);
+        }
         for (int64_t r = 0; r < R; ++r) {
           const int64_t row = (b * g.Hq + g.head(hk, r0 + r)) * g.Tq + g.pos(r0 + r);
           RowMask mk = row_mask(p, p.q_offset + g.pos(r0 + r), j0, n);
           if (LSE[row] == -kInf) mk.vis_end = 0;
           backward_row(s.data() + r * kTile, dp.data() + r * kTile, mk, bias_t, LSE[row],
-                       delta[row], dbias_t);
+                       delta[row], amx ? scale : 1.0f, dbias_t);
+        }
+        if (amx) {  // as below, with the scale of dk applied when it is stored
+          pack_rows_t(s.data(), kTile, n, R, pt.data(), kTile, n16, R32);
+          pack_rows_t(dp.data(), kTile, n, R, dst.data(), kTile, n16, R32);
+          pack_rows(dp.data(), kTile, R, n, dsa.data(), kTile, R16, n32);
+          pack_pairs(orows.data(), R, g.Dv, bo.data(), R32, g.Dvp);
+          pack_pairs(qrows.data(), R, g.Dk, bq.data(), R32, g.Dkp);
+          amx_gemm(n16, g.Dvp, R32, pt.data(), kTile, bo.data(), 2 * g.Dvp, dv_acc.data(), g.Dvp,
+                   true);
+          amx_gemm(n16, g.Dkp, R32, dst.data(), kTile, bq.data(), 2 * g.Dkp, dk_acc.data(), g.Dkp,
+                   true);
+          amx_gemm(R16, g.Dkp, n32, dsa.data(), kTile, bk.data(), 2 * g.Dkp, dq_base + r0 * g.Dkp,
+                   g.Dkp, true);
+          continue;
         }
         // dv += Pᵀ dout, dk += dSᵀ (scale·q), dq += dS k (scaled at the end).
         tile_gemm(n, g.Dvp, R, s.data(), 1, kTile, ob.data(), g.Dvp, dv_acc.data(), g.Dvp, true);
@@ -499,6 +601,7 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
                   true);
       }
       for (int64_t j = 0; j < n; ++j) {
+        if (amx) scale_row(dk_acc.data() + j * g.Dkp, g.Dk, scale);
         dK.store(b, hk, j0 + j, dk_acc.data() + j * g.Dkp);
         dV.store(b, hk, j0 + j, dv_acc.data() + j * g.Dvp);
       }
@@ -510,10 +613,10 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
   // dq = scale · Σ_slices partial, back in [B, Hq, Tq, Dk] order.
   parallel_for(items * g.rows, row_grain(g.Dkp * slices), [&](int64_t b0, int64_t e0) {
     for (int64_t x = b0; x < e0; ++x) {
-      float* acc = dq_part.data() + x * g.Dkp;
+      const int64_t item = x / g.rows, r = x % g.rows;
+      float* acc = dq_part.data() + (item * rows_p + r) * g.Dkp;
       for (int64_t s = 1; s < slices; ++s) add_row(acc, acc + s * dq_floats, g.Dk);
       scale_row(acc, g.Dk, scale);
-      const int64_t item = x / g.rows, r = x % g.rows;
       dQ.store(item / g.Hkv, g.head(item % g.Hkv, r), g.pos(r), acc);
     }
   });

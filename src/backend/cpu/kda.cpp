@@ -78,43 +78,6 @@ void mm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t sai, int64_t s
   }
 }
 
-// dst[j, i] = src[i, j] for a rows x cols source (leading dimensions given), rows and cols
-// multiples of 16, by W x W blocks held in registers: log2(W) rounds of two-vector shuffles swap
-// the off-diagonal halves of ever smaller sub-blocks. (Element by element, the transposes were
-// 40% of the backward's own loops.)
-template <int W, int B>
-MYRIAD_ROW_INLINE void swap_blocks(typename Lanes<W>::F* r) {
-  if constexpr (B >= 1) {
-    typename Lanes<W>::U lo, hi;  // constants once unrolled
-    for (int j = 0; j < W; ++j) {
-      lo[j] = (j & B) == 0 ? j : W + j - B;
-      hi[j] = (j & B) == 0 ? j + B : W + j;
-    }
-    for (int i = 0; i < W; ++i)
-      if ((i & B) == 0) {
-        const auto a = r[i], b = r[i + B];
-        r[i] = __builtin_shuffle(a, b, lo);
-        r[i + B] = __builtin_shuffle(a, b, hi);
-      }
-    swap_blocks<W, B / 2>(r);
-  }
-}
-template <int W>
-MYRIAD_CPU_CLONES void transpose_w(const float* __restrict src, int64_t rows, int64_t cols,
-                                   int64_t lds, float* __restrict dst, int64_t ldd) {
-  using V = typename Lanes<W>::F;
-  for (int64_t i0 = 0; i0 < rows; i0 += W)
-    for (int64_t j0 = 0; j0 < cols; j0 += W) {
-      V r[W];
-      for (int i = 0; i < W; ++i) std::memcpy(&r[i], src + (i0 + i) * lds + j0, sizeof(V));
-      swap_blocks<W, W / 2>(r);
-      for (int j = 0; j < W; ++j) std::memcpy(dst + (j0 + j) * ldd + i0, &r[j], sizeof(V));
-    }
-}
-void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd) {
-  with_lanes([&](auto w) { transpose_w<decltype(w)::value>(src, rows, cols, lds, dst, ldd); });
-}
-
 // Rows of n values, `stride` elements apart in a contiguous f32 or bf16 tensor (from element
 // off), to / from a padded f32 buffer with leading dimension ld, times mul.
 MYRIAD_CPU_CLONES void load_rows_f32(const float* src, int64_t stride, int64_t rows, int64_t n,

@@ -59,6 +59,12 @@ MYRIAD_ROW_INLINE float row_sum_exp(const float* x, float m, int64_t n) {
 void bf16_row_to_f32(const uint16_t* src, float* dst, int64_t n);
 void f32_row_to_bf16(const float* src, uint16_t* dst, int64_t n);
 
+// dst[j, i] = src[i, j] for a rows x cols source (leading dimensions given), rows and cols
+// multiples of 16, by W x W blocks held in registers: log2(W) rounds of two-vector shuffles swap
+// the off-diagonal halves of ever smaller sub-blocks. (Element by element, KDA's transposes were
+// 40% of the backward's own loops.)
+void transpose(const float* src, int64_t rows, int64_t cols, int64_t lds, float* dst, int64_t ldd);
+
 inline void check_row_dtype(const char* op, DType t) {
   MYRIAD_CHECK(t == DType::F32 || t == DType::BF16, op,
                ": the cpu kernel supports f32 and bf16, not ", dtype_name(t));
