@@ -4,9 +4,11 @@
 // three times that for forward+backward (the usual convention; the fused backward does about
 // twice the forward's work, recomputing the chunk quantities included).
 //
-//   OMP_NUM_THREADS=2 bench_kda [--T=4096] [--H=4] [--chunk=64] [--reference=1]
-// (environment: MYRIAD_BENCH_KDA_T, ..._H, ..._CHUNK, ..._REFERENCE), plus Google Benchmark's
-// flags. The reference is slow (~seconds); --reference=0 skips it.
+//   OMP_NUM_THREADS=2 bench_kda [--T=4096] [--H=4] [--chunk=64] [--reference=1] [--bf16=0]
+// (environment: MYRIAD_BENCH_KDA_T, ..._H, ..._CHUNK, ..._REFERENCE, ..._BF16), plus Google
+// Benchmark's flags. The reference is slow (~seconds); --reference=0 skips it. --bf16=1 gives the
+// kernel bf16 q, k, v (bf16 training's inputs; on AMX CPUs its 64-deep products run on the tile
+// unit) and skips the reference.
 #include <cstdio>
 #include <optional>
 
@@ -22,6 +24,7 @@ namespace myriad::bench {
 namespace {
 
 int64_t g_T = 4096, g_H = 4, g_chunk = 64;
+bool g_bf16 = false;
 constexpr int64_t kB = 1, kD = 64;
 
 struct Inputs {
@@ -41,6 +44,8 @@ Inputs& inputs() {
     r.beta = ops::sigmoid(gen.normal({kB, g_T, g_H}, 0, 1));
     r.h0 = gen.normal({kB, g_H, kD, kD}, 0, 0.1);
     r.w = gen.normal({kB, g_T, g_H, kD}, 0, 1);
+    if (g_bf16)  // bf16 training's inputs (the gate and beta stay f32)
+      for (Tensor* t : {&r.q, &r.k, &r.v, &r.w}) *t = t->to(DType::BF16);
     return r;
   }();
   return in;
@@ -61,7 +66,7 @@ void run_kda(benchmark::State& st, bool backward, bool reference) {
       for (Tensor& x : xs) x = x.detach().requires_grad_();
     ops::KdaOutput r = ops::kda(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], -1, g_chunk);
     if (backward) {
-      ops::add(ops::sum(ops::mul(r.o, in.w)), ops::sum(r.final_state)).backward();
+      ops::add(ops::sum(ops::mul(r.o, in.w)).to(DType::F32), ops::sum(r.final_state)).backward();
       benchmark::DoNotOptimize(xs[1].grad().data_ptr());
     }
     benchmark::DoNotOptimize(r.o.data_ptr());
@@ -93,7 +98,9 @@ int main(int argc, char** argv) {
   g_T = static_cast<int64_t>(take_flag(argc, argv, "T", "MYRIAD_BENCH_KDA_T", 4096));
   g_H = static_cast<int64_t>(take_flag(argc, argv, "H", "MYRIAD_BENCH_KDA_H", 4));
   g_chunk = static_cast<int64_t>(take_flag(argc, argv, "chunk", "MYRIAD_BENCH_KDA_CHUNK", 64));
-  const bool reference = take_flag(argc, argv, "reference", "MYRIAD_BENCH_KDA_REFERENCE", 1) != 0;
+  g_bf16 = take_flag(argc, argv, "bf16", "MYRIAD_BENCH_KDA_BF16", 0) != 0;
+  const bool reference =
+      !g_bf16 && take_flag(argc, argv, "reference", "MYRIAD_BENCH_KDA_REFERENCE", 1) != 0;
   benchmark::Initialize(&argc, argv);
   benchmark::RegisterBenchmark("KdaForward", KdaForward)
       ->Unit(benchmark::kMillisecond)
@@ -115,9 +122,10 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&collector);
   const double fwd = collector.best({"KdaForward"}, "FLOPS") * 1e-9;
   const double fb = collector.best({"KdaForwardBackward"}, "FLOPS") * 1e-9;
-  std::printf("\nKDA B=%lld T=%lld H=%lld K=V=%lld chunk %lld, %d threads\n",
+  std::printf("\nKDA B=%lld T=%lld H=%lld K=V=%lld chunk %lld, %s inputs, %d threads\n",
               static_cast<long long>(kB), static_cast<long long>(g_T), static_cast<long long>(g_H),
-              static_cast<long long>(kD), static_cast<long long>(g_chunk), omp_get_max_threads());
+              static_cast<long long>(kD), static_cast<long long>(g_chunk), g_bf16 ? "bf16" : "f32",
+              omp_get_max_threads());
   std::printf("  chunked forward           %8.2f GFLOP/s (MODEL.md count)\n", fwd);
   std::printf("  chunked forward+backward  %8.2f GFLOP/s (3x the forward count)\n", fb);
   if (reference) {
