@@ -9,7 +9,6 @@
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/rows.h"
-#include "core/dtype.h"
 #include "core/error.h"
 
 #if defined(__x86_64__)
@@ -21,10 +20,6 @@
 #endif
 
 namespace myriad::cpu {
-namespace {
-std::atomic<bool> forced_off{false};
-
-}  // namespace
 
 bool amx_bf16_hardware() {
   static const bool usable = [] {
@@ -44,6 +39,8 @@ bool amx_bf16_hardware() {
 }
 
 namespace {
+std::atomic<bool> forced_off{false};
+
 bool env_off() {
   static const bool off = [] {
     const char* env = std::getenv("MYRIAD_AMX");

@@ -17,7 +17,7 @@ namespace myriad::cpu {
 bool amx_bf16_hardware();
 // Whether the kernels take their AMX paths: amx_bf16_hardware() and MYRIAD_AMX=0 not set.
 bool amx_bf16();
-// Tests: 1 forces the AMX paths off, 0 restores the default (they never force them on).
+// Tests: true forces the AMX paths off, false restores the default (nothing forces them on).
 void force_amx_off(bool off);
 
 // Loads the tile configuration on the calling thread for amx_gemm (and releases the tiles when it

@@ -236,6 +236,10 @@ struct View4 {
       return static_cast<const char*>(page[first[b] + t / bt]) + t % bt * s2 * (f32 ? 4 : 2);
     return p + (b * s0 + h * s1 + t * s2) * (f32 ? 4 : 2);
   }
+  // The same row of a bf16 view, as the AMX packers read it.
+  const uint16_t* row16(int64_t b, int64_t h, int64_t t) const {
+    return static_cast<const uint16_t*>(row(b, h, t));
+  }
   // dst[0, d) = row (b, h, t) · mul.
   void load(int64_t b, int64_t h, int64_t t, float* dst, float mul = 1.0f) const {
     load_row(row(b, h, t), f32, dst, d, mul);
@@ -345,16 +349,13 @@ void forward(const AttentionParams& p, const Geometry& g, const View4& Q, const 
     std::vector<uint16_t> bq(amx ? Dk32 * Rp : 0), ka(amx ? kTile * Dk32 : 0),
         pa(amx ? kTile * kTile : 0), bv(amx ? kTile * g.Dvp : 0);
     std::vector<const uint16_t*> rows(amx ? kTile : 0);
-    auto bf16_row = [](const View4& x, int64_t b, int64_t h, int64_t t) {
-      return static_cast<const uint16_t*>(x.row(b, h, t));
-    };
     // The query tile transposed and scaled: qt[d·64 + r] (AMX: unscaled, as pairs, the scale
     // applied to the f32 scores). Padding rows see no key.
     std::vector<int64_t> qpos(kTile, std::numeric_limits<int32_t>::min());
     for (int64_t r = 0; r < R; ++r) {
       qpos[r] = qoff[b] + g.pos(r0 + r);
       if (amx) {
-        rows[r] = bf16_row(Q, b, g.head(hk, r0 + r), g.pos(r0 + r));
+        rows[r] = Q.row16(b, g.head(hk, r0 + r), g.pos(r0 + r));
         continue;
       }
       Q.load(b, g.head(hk, r0 + r), g.pos(r0 + r), tmp.data(), scale);
@@ -376,7 +377,7 @@ void forward(const AttentionParams& p, const Geometry& g, const View4& Q, const 
       const float* bias_t = load_bias(bias, b, j0, n, bb.data());
       if (amx) {
         const int64_t n16 = round16(n), n32 = round32(n);
-        for (int64_t j = 0; j < n; ++j) rows[j] = bf16_row(K, b, hk, j0 + j);
+        for (int64_t j = 0; j < n; ++j) rows[j] = K.row16(b, hk, j0 + j);
         pack_rows(rows.data(), n, g.Dk, ka.data(), Dk32, n16, Dk32);
         amx_gemm(n16, Rp, Dk32, ka.data(), Dk32, bq.data(), 2 * Rp, st.data(), kTile, false);
         online_tile(st.data(), n, Rp, vis.data(), blim.data(), bias_t, scale, m.data(), l.data(),
@@ -384,7 +385,7 @@ void forward(const AttentionParams& p, const Geometry& g, const View4& Q, const 
         for (int64_t r = 0; r < R; ++r)
           if (corr[r] != 1.0f) scale_row(o.data() + r * g.Dvp, g.Dv, corr[r]);
         pack_rows_t(st.data(), kTile, R, n, pa.data(), kTile, Rp, n32);
-        for (int64_t j = 0; j < n; ++j) rows[j] = bf16_row(V, b, hk, j0 + j);
+        for (int64_t j = 0; j < n; ++j) rows[j] = V.row16(b, hk, j0 + j);
         pack_pairs(rows.data(), n, g.Dv, bv.data(), n32, g.Dvp);
         amx_gemm(Rp, g.Dvp, n32, pa.data(), kTile, bv.data(), 2 * g.Dvp, o.data(), g.Dvp, true);
         continue;
@@ -527,16 +528,13 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
         orows(na * kTile);
     std::optional<AmxTiles> tiles;
     if (amx) tiles.emplace();
-    auto bf16_row = [](const View4& x, int64_t b, int64_t h, int64_t t) {
-      return static_cast<const uint16_t*>(x.row(b, h, t));
-    };
     float* dq_base = dq_part.data() + (slice * items + item) * rows_p * g.Dkp;
     for (int64_t t = slice; t < g.key_tiles; t += slices) {
       const int64_t j0 = t * kTile, n = std::min(kTile, g.Tk - j0);
       const int64_t n16 = round16(n), n32 = round32(n);
       if (amx) {
         for (int64_t j = 0; j < n; ++j)
-          krows[j] = bf16_row(K, b, hk, j0 + j), vrows[j] = bf16_row(V, b, hk, j0 + j);
+          krows[j] = K.row16(b, hk, j0 + j), vrows[j] = V.row16(b, hk, j0 + j);
         pack_pairs_t(krows.data(), g.Dk, n, bkt.data(), Dk32, kTile);
         pack_pairs_t(vrows.data(), g.Dv, n, bvt.data(), Dv32, kTile);
         pack_pairs(krows.data(), n, g.Dk, bk.data(), n32, g.Dkp);
@@ -556,7 +554,7 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
         for (int64_t r = 0; r < R; ++r) {
           const int64_t h = g.head(hk, r0 + r), i = g.pos(r0 + r);
           if (amx) {
-            qrows[r] = bf16_row(Q, b, h, i), orows[r] = bf16_row(dO, b, h, i);
+            qrows[r] = Q.row16(b, h, i), orows[r] = dO.row16(b, h, i);
             continue;
           }
           Q.load(b, h, i, qb.data() + r * g.Dkp, scale);
