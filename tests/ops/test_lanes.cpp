@@ -4,9 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <string>
 
 #include "backend/cpu/cpu.h"
+#include "backend/cpu/rows.h"
 #include "ops/attention.h"
 #include "ops/kda.h"
 #include "ops/matmul.h"
@@ -105,6 +108,36 @@ TEST(CpuMath, FastSoftplusIsCloseToLog1pExp) {
   EXPECT_EQ(cpu::fast_softplus(-100.0f), 0.0f);
   EXPECT_EQ(cpu::fast_softplus(100.0f), 100.0f);
   EXPECT_EQ(cpu::fast_softplus(0.0f), static_cast<float>(std::log(2.0)));
+}
+
+// The CPU's f32 -> bf16 row conversion (on AVX512-BF16 CPUs one instruction per 32 values, which
+// reads subnormals as zero) rounds every value as core/dtype.h's f32_to_bf16 does: random bit
+// patterns (every exponent, so subnormals, infinities and NaNs too), halfway cases, and lengths
+// and offsets around the 32-value blocks.
+TEST(CpuMath, Bf16RowRoundingIsTheScalarRule) {
+  std::mt19937 gen(11);
+  std::vector<uint32_t> bits(4096);
+  for (uint32_t& b : bits) b = static_cast<uint32_t>(gen());
+  for (size_t i = 0; i < bits.size(); i += 7) bits[i] = (bits[i] & 0x807fffffu);  // subnormal or 0
+  for (size_t i = 3; i < bits.size(); i += 11) bits[i] = (bits[i] & 0xffff0000u) | 0x8000u;  // tie
+  for (size_t i = 5; i < bits.size(); i += 13) bits[i] |= 0x7f800000u;  // inf or NaN
+  bits[1] = 0x7f7fffffu;  // the largest float: rounds to infinity
+  bits[2] = 0x00800000u;  // the smallest normal
+  bits[4] = 0x007fffffu;  // the largest subnormal: rounds up to the smallest normal bf16
+  std::vector<float> x(bits.size());
+  std::memcpy(x.data(), bits.data(), bits.size() * sizeof(float));
+  std::vector<uint16_t> got(bits.size());
+  for (int64_t off : {0, 1, 17})
+    for (int64_t n : {0, 1, 31, 32, 33, 64, 95, 1000, 4000}) {
+      std::fill(got.begin(), got.end(), uint16_t{0xdead});
+      cpu::f32_row_to_bf16(x.data() + off, got.data() + off, n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[off + i], f32_to_bf16(x[off + i]))
+            << "bits 0x" << std::hex << bits[off + i] << std::dec << " at " << i << " of " << n;
+      if (off + n < static_cast<int64_t>(got.size())) {
+        ASSERT_EQ(got[off + n], 0xdead) << "wrote past " << n;
+      }
+    }
 }
 
 }  // namespace
