@@ -149,17 +149,25 @@ KdaOutput kda_step(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   return {o.to(q.dtype()), s};
 }
 
+KernelTable<KdaGateKernel>& kda_gate_kernels() {
+  static KernelTable<KdaGateKernel> t("kda_gate");
+  return t;
+}
+KernelTable<KdaGateBackwardKernel>& kda_gate_backward_kernels() {
+  static KernelTable<KdaGateBackwardKernel> t("kda_gate_backward");
+  return t;
+}
+
 // ---- gates ----
 namespace {
 
-// z [..., P] as [..., H, P/H] in the accumulation dtype, plus dt_bias; checks the parameters.
-Tensor gate_input(const char* name, const Tensor& z, const Tensor& A_log, const Tensor& dt_bias,
-                  int64_t& H) {
+// Checks the gate's inputs; returns the number of heads H (1 without A_log).
+int64_t check_gate(const char* name, const Tensor& z, const Tensor& A_log, const Tensor& dt_bias) {
   check_inputs(name, {&z});
   check_floating(name, z);
   MYRIAD_CHECK(z.dim() >= 1, name, ": z must be [..., H*K], got ", z.desc());
   const int64_t P = z.size(-1);
-  H = A_log.defined() ? A_log.numel() : 0;
+  int64_t H = A_log.defined() ? A_log.numel() : 0;
   if (A_log.defined()) {
     check_inputs(name, {&z, &A_log});
     check_floating(name, A_log);
@@ -176,33 +184,80 @@ Tensor gate_input(const char* name, const Tensor& z, const Tensor& A_log, const 
   MYRIAD_CHECK(P % H == 0, name, ": the last dimension of z (", P,
                ") must be a multiple of the number of heads in A_log (", H, "); got z ", z.desc(),
                A_log.defined() ? " and A_log " + A_log.desc() : std::string());
+  return H;
+}
+
+// The gate as its composition of element-wise ops (backends without the fused kernels).
+Tensor gate_composed(KdaGateKind kind, const Tensor& z, const Tensor& A_log, const Tensor& dt_bias,
+                     double g_min, int64_t H) {
   const DType a = acc_dtype(z.dtype());
+  const int64_t P = z.size(-1);
   Shape hs = z.shape();
   hs.back() = H;
   hs.push_back(P / H);
   Tensor x = reshape(cast(z, a), hs);
   if (dt_bias.defined()) x = add(x, reshape(cast(dt_bias, a), {H, P / H}));
-  return x;
+  Tensor decay = A_log.defined() ? reshape(exp(cast(A_log, a)), {H, 1}) : Tensor();
+  if (kind == KdaGateKind::Softplus) return reshape(neg(mul(decay, softplus(x))), z.shape());
+  if (decay.defined()) x = mul(decay, x);
+  return reshape(mul(sigmoid(x), g_min), z.shape());
+}
+
+Tensor gate(const char* name, KdaGateKind kind, const Tensor& z, const Tensor& A_log,
+            const Tensor& dt_bias, double g_min) {
+  const int64_t H = check_gate(name, z, A_log, dt_bias);
+  const Device dev = z.device();
+  const Backend be = backend_for(dev, z.dtype());
+  if (!kda_gate_kernels().has(be)) return gate_composed(kind, z, A_log, dt_bias, g_min, H);
+  const DType acc = acc_dtype(z.dtype());
+  const int64_t P = z.size(-1), rows = P ? z.numel() / P : 0;
+  // The per-head factor and the bias are small: their casts (and exp) stay ops, so autograd
+  // carries their gradients back to A_log and dt_bias.
+  KdaGateArgs args;
+  args.kind = kind, args.g_min = g_min;
+  args.a = A_log.defined() ? reshape(exp(cast(A_log, acc)), {H}) : Tensor::ones({H}, acc, dev);
+  args.bias = dt_bias.defined() ? reshape(cast(dt_bias, acc), {P}) : Tensor();
+  const Tensor zc = z.contiguous();
+  args.z = zc.detach().view_as_strided({rows, P}, {P, 1}, zc.offset());
+  Tensor g = Tensor::empty({rows, P}, acc, dev);
+  const Tensor a_in = args.a, bias_in = args.bias;
+  args.a = args.a.detach().contiguous();
+  if (args.bias.defined()) args.bias = args.bias.detach().contiguous();
+  if (rows > 0) kda_gate_kernels().get(be)(args, g);
+  if (needs_grad({&z, &a_in, &bias_in})) {
+    record(name, g, {z, bias_in, a_in},
+           [args, shape = z.shape()](const Tensor& dg) -> std::vector<Tensor> {
+             const Tensor dgc = dg.to(args.a.dtype()).contiguous();
+             const Tensor dg2 = dgc.view_as_strided(args.z.shape(), args.z.strides(), dgc.offset());
+             Tensor dz = Tensor::empty(args.z.shape(), args.z.dtype(), args.z.device());
+             Tensor dbias = args.bias.defined()
+                                ? Tensor::empty(args.bias.shape(), args.bias.dtype(), dz.device())
+                                : Tensor();
+             Tensor da = Tensor::empty(args.a.shape(), args.a.dtype(), dz.device());
+             if (args.z.numel() > 0) {
+               kda_gate_backward_kernels().get(dz.device(), args.z.dtype())(args, dg2, dz, dbias,
+                                                                            da);
+             } else {
+               da = Tensor::zeros(args.a.shape(), args.a.dtype(), dz.device());
+               if (dbias.defined())
+                 dbias = Tensor::zeros(args.bias.shape(), args.bias.dtype(), dz.device());
+             }
+             return {dz.view_as_strided(shape, contiguous_strides(shape), 0), dbias, da};
+           });
+  }
+  return reshape(g, z.shape());
 }
 
 }  // namespace
 
 Tensor kda_gate_softplus(const Tensor& z, const Tensor& A_log, const Tensor& dt_bias) {
-  const char* name = "kda_gate_softplus";
-  MYRIAD_CHECK(A_log.defined(), name, ": A_log is required");
-  int64_t H = 0;
-  Tensor x = gate_input(name, z, A_log, dt_bias, H);
-  Tensor decay = reshape(exp(cast(A_log, x.dtype())), {H, 1});
-  return reshape(neg(mul(decay, softplus(x))), z.shape());
+  MYRIAD_CHECK(A_log.defined(), "kda_gate_softplus: A_log is required");
+  return gate("kda_gate_softplus", KdaGateKind::Softplus, z, A_log, dt_bias, 0.0);
 }
 
 Tensor kda_gate_lower_bound(const Tensor& z, const Tensor& A_log, const Tensor& dt_bias,
                             double g_min) {
-  const char* name = "kda_gate_lower_bound";
-  int64_t H = 0;
-  Tensor x = gate_input(name, z, A_log, dt_bias, H);
-  if (A_log.defined()) x = mul(reshape(exp(cast(A_log, x.dtype())), {H, 1}), x);
-  return reshape(mul(sigmoid(x), g_min), z.shape());
+  return gate("kda_gate_lower_bound", KdaGateKind::LowerBound, z, A_log, dt_bias, g_min);
 }
 
 // ---- reference kernels: the recurrent form (§4.3) in double ----
@@ -354,8 +409,67 @@ void kda_step_ref(const KdaArgs& a, Tensor& o, Tensor& new_state) {
   kda_ref(a, o, new_state, none);
 }
 
+// The gates, element by element in double.
+struct GateRef {
+  const KdaGateArgs& a;
+  int64_t rows, P, per_head;
+  explicit GateRef(const KdaGateArgs& args)
+      : a(args), rows(args.z.size(0)), P(args.z.size(1)), per_head(P / args.a.numel()) {}
+  double x(int64_t r, int64_t p) const {
+    const double b = a.bias.defined() ? load_as_double(a.bias.data_ptr(), a.bias.dtype(), p) : 0;
+    return load_as_double(a.z.data_ptr(), a.z.dtype(), r * P + p) + b;
+  }
+  double factor(int64_t p) const {
+    return load_as_double(a.a.data_ptr(), a.a.dtype(), p / per_head);
+  }
+};
+double sigmoid_d(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
+void kda_gate_ref(const KdaGateArgs& args, Tensor& g) {
+  const GateRef ref(args);
+  for (int64_t r = 0; r < ref.rows; ++r)
+    for (int64_t p = 0; p < ref.P; ++p) {
+      const double x = ref.x(r, p), a = ref.factor(p);
+      const double v = args.kind == KdaGateKind::Softplus
+                           ? -a * (x > 20 ? x : std::log1p(std::exp(x)))
+                           : args.g_min * sigmoid_d(a * x);
+      store_from_double(g.data_ptr(), g.dtype(), r * ref.P + p, v);
+    }
+}
+
+void kda_gate_backward_ref(const KdaGateArgs& args, const Tensor& dg, Tensor& dz, Tensor& dbias,
+                           Tensor& da) {
+  const GateRef ref(args);
+  std::vector<double> db(ref.P, 0.0), dav(args.a.numel(), 0.0);
+  for (int64_t r = 0; r < ref.rows; ++r)
+    for (int64_t p = 0; p < ref.P; ++p) {
+      const double x = ref.x(r, p), a = ref.factor(p);
+      const double d = load_as_double(dg.data_ptr(), dg.dtype(), r * ref.P + p);
+      double dx;
+      if (args.kind == KdaGateKind::Softplus) {
+        dx = -a * (x > 20 ? 1.0 : sigmoid_d(x)) * d;
+        dav[p / ref.per_head] -= (x > 20 ? x : std::log1p(std::exp(x))) * d;
+      } else {
+        const double s = sigmoid_d(a * x), t = args.g_min * s * (1 - s) * d;
+        dx = a * t;
+        dav[p / ref.per_head] += x * t;
+      }
+      store_from_double(dz.data_ptr(), dz.dtype(), r * ref.P + p, dx);
+      db[p] += dx;
+    }
+  if (dbias.defined())
+    for (int64_t p = 0; p < ref.P; ++p)
+      store_from_double(dbias.data_ptr(), dbias.dtype(), p, db[p]);
+  for (size_t h = 0; h < dav.size(); ++h)
+    store_from_double(da.data_ptr(), da.dtype(), static_cast<int64_t>(h), dav[h]);
+}
+
 }  // namespace
 
+MYRIAD_REGISTER_KERNEL(kda_gate_kernels, Backend::Reference, &kda_gate_ref);
+MYRIAD_REGISTER_KERNEL(kda_gate_backward_kernels, Backend::Reference, &kda_gate_backward_ref);
 MYRIAD_REGISTER_KERNEL(kda_kernels, Backend::Reference, &kda_ref);
 MYRIAD_REGISTER_KERNEL(kda_backward_kernels, Backend::Reference, &kda_backward_ref);
 MYRIAD_REGISTER_KERNEL(kda_step_kernels, Backend::Reference, &kda_step_ref);

@@ -72,4 +72,26 @@ KernelTable<KdaKernel>& kda_kernels();
 KernelTable<KdaBackwardKernel>& kda_backward_kernels();
 KernelTable<KdaStepKernel>& kda_step_kernels();
 
+// The gates' element-wise part, fused (one pass forward, one backward, where the composition
+// of casts, add, softplus or sigmoid, mul and neg made about a dozen): x = z + bias and
+//   Softplus:   g = -a_h * softplus(x)           (softplus(x) = x for x > 20)
+//   LowerBound: g = g_min * sigmoid(a_h * x)
+// for column p of head h = p / (P / H). z [rows, P] contiguous in X; bias [P] in A or undefined
+// (zeros); a [H] in A (exp(A_log), or ones); g [rows, P] in A. A backend without these kernels
+// (CUDA today) runs the composition.
+enum class KdaGateKind : uint8_t { Softplus, LowerBound };
+struct KdaGateArgs {
+  KdaGateKind kind = KdaGateKind::Softplus;
+  double g_min = -5.0;
+  Tensor z, bias, a;
+};
+using KdaGateKernel = void (*)(const KdaGateArgs& args, Tensor& g);
+// From dg [rows, P] (A): dz [rows, P] (X) = dg * dg/dx, dbias [P] (A, when defined) its sum over
+// rows, and da [H] (A) = the sum of dg * dg/da_h; all overwritten. The softplus's derivative is
+// sigmoid(x), 1 for x > 20.
+using KdaGateBackwardKernel = void (*)(const KdaGateArgs& args, const Tensor& dg, Tensor& dz,
+                                       Tensor& dbias, Tensor& da);
+KernelTable<KdaGateKernel>& kda_gate_kernels();
+KernelTable<KdaGateBackwardKernel>& kda_gate_backward_kernels();
+
 }  // namespace myriad::ops

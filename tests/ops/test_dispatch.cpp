@@ -78,10 +78,13 @@ TEST(Dispatch, EveryOpHasReferenceAndCpuKernels) {
   });
   EXPECT_TRUE(ops::grouped_gemm_kernels().has(ops::Backend::CPU));
   EXPECT_TRUE(ops::paged_attention_kernels().has(ops::Backend::CPU));
-  // weighted_index_add: a backend without it (CUDA today) runs mul and index_add instead.
+  // weighted_index_add and the KDA gates: a backend without them (CUDA today) runs their
+  // composition of element-wise ops instead.
   for (ops::Backend b : {ops::Backend::Reference, ops::Backend::CPU}) {
     EXPECT_TRUE(ops::weighted_index_add_kernels().has(b));
     EXPECT_TRUE(ops::weighted_index_add_backward_kernels().has(b));
+    EXPECT_TRUE(ops::kda_gate_kernels().has(b));
+    EXPECT_TRUE(ops::kda_gate_backward_kernels().has(b));
   }
 }
 

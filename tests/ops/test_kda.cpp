@@ -324,6 +324,43 @@ TEST(KdaGates, MatchFormulas) {
   EXPECT_EQ(ops::kda_gate_softplus(z.to(DType::BF16), A_log, dt).dtype(), DType::F32);
 }
 
+// The fused gate kernels (the composition where a backend has none) against the reference:
+// outputs and the gradients of z, A_log and dt_bias, f32 and bf16 z, with row counts around the
+// backward's 32-row blocks, one head and four, no bias, and the lower bound without A_log.
+class KdaGate : public OpTest {};
+MYRIAD_OP_TEST_SUITE(KdaGate);
+
+TEST_P(KdaGate, MatchesReference) {
+  for (int64_t rows : {1, 31, 70})
+    for (int64_t H : {1, 4}) {
+      const int64_t P = 3 * H;
+      Tensor z = randn({rows, P}, 40 + rows, 3.0).requires_grad_();
+      Tensor A_log = randn({H}, 41, 0.5).requires_grad_(),
+             dt = randn({P}, 42, 0.5).requires_grad_();
+      const std::string shape = cat(" rows ", rows, " H ", H);
+      expect_matches_reference_all(
+          "kda_gate_softplus" + shape,
+          [](const std::vector<Tensor>& x) { return ops::kda_gate_softplus(x[0], x[1], x[2]); },
+          {z, A_log, dt}, backend());
+      expect_matches_reference_all(
+          "kda_gate_softplus, no bias" + shape,
+          [](const std::vector<Tensor>& x) { return ops::kda_gate_softplus(x[0], x[1]); },
+          {z, A_log}, backend());
+      expect_matches_reference_all(
+          "kda_gate_lower_bound" + shape,
+          [](const std::vector<Tensor>& x) {
+            return ops::kda_gate_lower_bound(x[0], x[1], x[2], -5.0);
+          },
+          {z, A_log, dt}, backend());
+      expect_matches_reference_all(
+          "kda_gate_lower_bound, no A_log" + shape,
+          [](const std::vector<Tensor>& x) {
+            return ops::kda_gate_lower_bound(x[0], Tensor(), x[1], -4.0);
+          },
+          {z, dt}, backend());
+    }
+}
+
 TEST(KdaGates, L2Norm) {
   Tensor x = randn({3, 5}, 4);
   std::vector<double> xv = x.to_doubles(), y = ops::l2norm(x).to_doubles();

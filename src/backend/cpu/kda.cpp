@@ -721,8 +721,131 @@ void kda_step_cpu(const KdaArgs& a, Tensor& o, Tensor& new_state) {
   });
 }
 
+// ---- the gates (ops::KdaGateKind): rows of x = z + bias, f32 math, every loop over a row's
+// P columns with the per-head factor a expanded per column ----
+using ops::KdaGateArgs;
+using ops::KdaGateKind;
+
+// The per-column factor a[p / (P / H)], the bias (zeros when undefined), and a row of z as f32.
+struct GateCols {
+  std::vector<float> a, bias;
+  explicit GateCols(const KdaGateArgs& args) {
+    const int64_t P = args.z.size(1), H = args.a.numel();
+    a.resize(P), bias.assign(P, 0.0f);
+    for (int64_t p = 0; p < P; ++p) a[p] = args.a.data<float>()[p / (P / H)];
+    if (args.bias.defined()) std::copy_n(args.bias.data<float>(), P, bias.begin());
+  }
+};
+const float* z_row(const Tensor& z, int64_t r, float* buf) {
+  const int64_t P = z.size(1);
+  if (z.dtype() == DType::F32) return z.data<float>() + r * P;
+  bf16_row_to_f32(z.data<uint16_t>() + r * P, buf, P);
+  return buf;
+}
+
+MYRIAD_CPU_CLONES void gate_row(bool softplus, float g_min, int64_t P, const float* __restrict z,
+                                const float* __restrict bias, const float* __restrict a,
+                                float* __restrict g) {
+  if (softplus)
+    for (int64_t p = 0; p < P; ++p) g[p] = -(a[p] * fast_softplus(z[p] + bias[p]));
+  else
+    for (int64_t p = 0; p < P; ++p) g[p] = g_min / (1.0f + fast_exp(-(a[p] * (z[p] + bias[p]))));
+}
+
+// dx = dg * dg/dx into dx; db += dx; dac += dg * dg/da (per column).
+MYRIAD_CPU_CLONES void gate_backward_row(bool softplus, float g_min, int64_t P,
+                                         const float* __restrict z, const float* __restrict bias,
+                                         const float* __restrict a, const float* __restrict dg,
+                                         float* __restrict dx, float* __restrict db,
+                                         float* __restrict dac) {
+  if (softplus)
+    for (int64_t p = 0; p < P; ++p) {
+      const float x = z[p] + bias[p], s = x > 20.0f ? 1.0f : 1.0f / (1.0f + fast_exp(-x));
+      dx[p] = -dg[p] * a[p] * s;
+      db[p] += dx[p];
+      dac[p] -= dg[p] * fast_softplus(x);
+    }
+  else
+    for (int64_t p = 0; p < P; ++p) {
+      const float x = z[p] + bias[p], s = 1.0f / (1.0f + fast_exp(-(a[p] * x)));
+      const float t = g_min * s * (1.0f - s) * dg[p];
+      dx[p] = a[p] * t;
+      db[p] += dx[p];
+      dac[p] += x * t;
+    }
+}
+
+void kda_gate_cpu(const KdaGateArgs& args, Tensor& g) {
+  const GateCols cols(args);
+  const int64_t rows = args.z.size(0), P = args.z.size(1);
+  const bool softplus = args.kind == KdaGateKind::Softplus;
+  const auto g_min = static_cast<float>(args.g_min);
+  parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(P, 1)),
+               [&](int64_t r0, int64_t r1) {
+                 std::vector<float> buf(P);
+                 for (int64_t r = r0; r < r1; ++r)
+                   gate_row(softplus, g_min, P, z_row(args.z, r, buf.data()), cols.bias.data(),
+                            cols.a.data(), g.data<float>() + r * P);
+               });
+}
+
+// The sums over rows (dbias, da) run per block of kGateBlock rows, then block by block in order:
+// the same bits whatever the number of threads.
+constexpr int64_t kGateBlock = 32;
+
+void kda_gate_backward_cpu(const KdaGateArgs& args, const Tensor& dg, Tensor& dz, Tensor& dbias,
+                           Tensor& da) {
+  const GateCols cols(args);
+  const int64_t rows = args.z.size(0), P = args.z.size(1), H = args.a.numel();
+  const int64_t blocks = (rows + kGateBlock - 1) / kGateBlock;
+  const bool softplus = args.kind == KdaGateKind::Softplus;
+  const auto g_min = static_cast<float>(args.g_min);
+  std::vector<float> db(blocks * P, 0.0f), dac(blocks * P, 0.0f);
+  parallel_for(blocks, std::max<int64_t>(1, 16384 / std::max<int64_t>(P * kGateBlock, 1)),
+               [&](int64_t b0, int64_t b1) {
+                 std::vector<float> zb(P), dxb(P);
+                 for (int64_t b = b0; b < b1; ++b)
+                   for (int64_t r = b * kGateBlock; r < std::min(rows, (b + 1) * kGateBlock); ++r) {
+                     const bool f32 = dz.dtype() == DType::F32;
+                     float* dx = f32 ? dz.data<float>() + r * P : dxb.data();
+                     gate_backward_row(softplus, g_min, P, z_row(args.z, r, zb.data()),
+                                       cols.bias.data(), cols.a.data(), dg.data<float>() + r * P,
+                                       dx, &db[b * P], &dac[b * P]);
+                     if (!f32) f32_row_to_bf16(dx, dz.data<uint16_t>() + r * P, P);
+                   }
+               });
+  std::vector<double> dbs(P, 0.0), das(H, 0.0);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t p = 0; p < P; ++p) {
+      dbs[p] += db[b * P + p];
+      das[p / (P / H)] += dac[b * P + p];
+    }
+  if (dbias.defined())
+    for (int64_t p = 0; p < P; ++p) dbias.data<float>()[p] = static_cast<float>(dbs[p]);
+  for (int64_t h = 0; h < H; ++h) da.data<float>()[h] = static_cast<float>(das[h]);
+}
+
+void check_gate_dtypes(const KdaGateArgs& args) {
+  check_row_dtype("kda_gate", args.z.dtype());
+  MYRIAD_CHECK(
+      args.a.dtype() == DType::F32 && (!args.bias.defined() || args.bias.dtype() == DType::F32),
+      "kda_gate: the cpu kernel expects an f32 factor and bias");
+}
+void kda_gate_cpu_checked(const KdaGateArgs& args, Tensor& g) {
+  check_gate_dtypes(args);
+  kda_gate_cpu(args, g);
+}
+void kda_gate_backward_cpu_checked(const KdaGateArgs& args, const Tensor& dg, Tensor& dz,
+                                   Tensor& dbias, Tensor& da) {
+  check_gate_dtypes(args);
+  kda_gate_backward_cpu(args, dg, dz, dbias, da);
+}
+
 }  // namespace
 
+MYRIAD_REGISTER_KERNEL(ops::kda_gate_kernels, ops::Backend::CPU, &kda_gate_cpu_checked);
+MYRIAD_REGISTER_KERNEL(ops::kda_gate_backward_kernels, ops::Backend::CPU,
+                       &kda_gate_backward_cpu_checked);
 MYRIAD_REGISTER_KERNEL(ops::kda_kernels, ops::Backend::CPU, &kda_cpu);
 MYRIAD_REGISTER_KERNEL(ops::kda_backward_kernels, ops::Backend::CPU, &kda_backward_cpu);
 MYRIAD_REGISTER_KERNEL(ops::kda_step_kernels, ops::Backend::CPU, &kda_step_cpu);
