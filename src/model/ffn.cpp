@@ -17,6 +17,10 @@ Tensor glu(const GluAct& a, const Tensor& gate, const Tensor& up) {
   return a.situ ? ops::situ_glu(gate, up, a.beta1, a.beta2) : ops::swiglu(gate, up);
 }
 
+Tensor glu_fused(const GluAct& a, const Tensor& gate_up) {
+  return a.situ ? ops::situ_glu_fused(gate_up, a.beta1, a.beta2) : ops::swiglu_fused(gate_up);
+}
+
 Tensor glu_mlp(const GluAct& a, const Tensor& x, const Weights& w, const std::string& prefix) {
   const std::string g = prefix + "gate_proj.weight", u = prefix + "up_proj.weight";
   const auto gu = ops::split(project_cat(x, w, {g, u}), {w.get(g).size(0), w.get(u).size(0)}, -1);

@@ -17,6 +17,8 @@ struct GluAct {
 };
 // act(gate, up), element-wise.
 Tensor glu(const GluAct& a, const Tensor& gate, const Tensor& up);
+// The same on one [..., 2I] tensor whose first half is the gate.
+Tensor glu_fused(const GluAct& a, const Tensor& gate_up);
 // W_down act(W_gate x, W_up x) for x [..., d].
 // prefix + {gate,up,down}_proj.weight through project() (int8 where the weights have copies).
 Tensor glu_mlp(const GluAct& a, const Tensor& x, const Weights& w, const std::string& prefix);

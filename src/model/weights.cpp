@@ -266,4 +266,22 @@ Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, con
   return ops::grouped_linear(x, offsets, t);
 }
 
+Tensor project_grouped_cat(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
+                           const std::vector<std::vector<std::string>>& names) {
+  bool quantized = false;  // a set with every weight quantized runs project_grouped's int8 path
+  for (const auto& set : names)
+    quantized = quantized || std::all_of(set.begin(), set.end(), [&](const std::string& n) {
+                  return w.quant(n) != nullptr;
+                });
+  if (quantized) {
+    std::vector<Tensor> parts;
+    for (const auto& set : names) parts.push_back(project_grouped(x, offsets, w, set));
+    return ops::concat(parts, -1);
+  }
+  std::vector<std::vector<Tensor>> t(names.size());
+  for (size_t s = 0; s < names.size(); ++s)
+    for (const std::string& n : names[s]) t[s].push_back(w.get(n));
+  return ops::grouped_linear_cat(x, offsets, t);
+}
+
 }  // namespace myriad::model

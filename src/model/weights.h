@@ -102,6 +102,11 @@ Tensor project_cat(const Tensor& x, const Weights& w, const std::vector<std::str
 // grouped_linear over the named weights (a MoE's experts), quantized when every one has a copy.
 Tensor project_grouped(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
                        const std::vector<std::string>& names);
+// Several of those side by side (names[s][g]: set s, group g; set 0's columns first), in one
+// ops::grouped_linear_cat, or one quantized grouped product per set and a concat when every
+// weight has a quantized copy.
+Tensor project_grouped_cat(const Tensor& x, const std::vector<int64_t>& offsets, const Weights& w,
+                           const std::vector<std::vector<std::string>>& names);
 
 // "model.layers.{i}." (0-based i).
 inline std::string layer_prefix(int64_t i) {

@@ -328,92 +328,121 @@ Tensor linear_cat(const Tensor& x, const std::vector<Tensor>& w) {
   return out;
 }
 
-Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
-                      const std::vector<Tensor>& w) {
-  const char* op = "grouped_linear";
+Tensor grouped_linear_cat(const Tensor& x, const std::vector<int64_t>& offsets,
+                          const std::vector<std::vector<Tensor>>& w) {
+  const char* op = w.size() == 1 ? "grouped_linear" : "grouped_linear_cat";
   check_inputs(op, {&x});
-  for (const Tensor& wg : w) {
-    check_inputs(op, {&x, &wg});
-    check_same_dtype(op, {&x, &wg});
+  MYRIAD_CHECK(!w.empty(), op, ": no weights");
+  const size_t groups = w[0].size();
+  for (const std::vector<Tensor>& set : w) {
+    MYRIAD_CHECK(set.size() == groups, op, ": every set needs one weight per group (", groups,
+                 "), got ", set.size());
+    for (const Tensor& wg : set) {
+      check_inputs(op, {&x, &wg});
+      check_same_dtype(op, {&x, &wg});
+    }
   }
   check_floating(op, x);
   check_dim(op, x, 2);
-  MYRIAD_CHECK(!w.empty(), op, ": no groups");
-  MYRIAD_CHECK(
-      offsets.size() == w.size() + 1 && offsets.front() == 0 && offsets.back() == x.size(0), op,
-      ": offsets must run from 0 to ", x.size(0), " in ", w.size() + 1, " entries, got ",
-      offsets.size(), " entries");
-  const int64_t in = x.size(1), out_f = w[0].dim() == 2 ? w[0].size(0) : -1;
-  for (size_t g = 0; g < w.size(); ++g) {
-    MYRIAD_CHECK(offsets[g] <= offsets[g + 1], op, ": offsets decrease at group ", g);
-    MYRIAD_CHECK(w[g].dim() == 2 && w[g].size(0) == out_f && w[g].size(1) == in, op, ": weight ", g,
-                 " is ", shape_str(w[g].shape()), ", expected [", out_f, ", ", in, "]");
+  MYRIAD_CHECK(groups > 0, op, ": no groups");
+  MYRIAD_CHECK(offsets.size() == groups + 1 && offsets.front() == 0 && offsets.back() == x.size(0),
+               op, ": offsets must run from 0 to ", x.size(0), " in ", groups + 1, " entries, got ",
+               offsets.size(), " entries");
+  const int64_t in = x.size(1);
+  std::vector<int64_t> outs, at;  // per set: output features and first output column
+  int64_t total = 0;
+  for (const std::vector<Tensor>& set : w) {
+    const int64_t out_s = set[0].dim() == 2 ? set[0].size(0) : -1;
+    for (size_t g = 0; g < groups; ++g)
+      MYRIAD_CHECK(set[g].dim() == 2 && set[g].size(0) == out_s && set[g].size(1) == in, op,
+                   ": weight ", g, " is ", shape_str(set[g].shape()), ", expected [", out_s, ", ",
+                   in, "]");
+    outs.push_back(out_s), at.push_back(total);
+    total += out_s;
   }
+  for (size_t g = 0; g < groups; ++g)
+    MYRIAD_CHECK(offsets[g] <= offsets[g + 1], op, ": offsets decrease at group ", g);
   const int64_t rows = x.size(0);
   const DType t = x.dtype();
   const Device dev = x.device();
-  const size_t es = dtype_size(t);
+  const auto es = static_cast<int64_t>(dtype_size(t));
   Tensor xc = x.detach().contiguous();
-  std::vector<Tensor> wc;
-  for (const Tensor& wg : w) wc.push_back(wg.detach().contiguous());
-  Tensor out = Tensor::empty({rows, out_f}, t, dev);
-  const auto base = [offsets, t, dev](int64_t g) {
+  std::vector<std::vector<Tensor>> wc(w.size());
+  for (size_t s = 0; s < w.size(); ++s)
+    for (const Tensor& wg : w[s]) wc[s].push_back(wg.detach().contiguous());
+  Tensor out = Tensor::empty({rows, total}, t, dev);
+  const auto base = [offsets, t, dev](size_t g) {
     GemmArgs a;
     a.m = offsets[g + 1] - offsets[g];
     a.dtype = t, a.device = dev;
     return a;
   };
   std::vector<GemmArgs> fwd;
-  for (size_t g = 0; g < w.size(); ++g) {
-    GemmArgs a = base(g);
-    a.n = out_f, a.k = in, a.trans_b = true;
-    a.a = static_cast<const char*>(xc.data_ptr()) + offsets[g] * in * es;
-    a.b = wc[g].data_ptr();
-    a.c = static_cast<char*>(out.data_ptr()) + offsets[g] * out_f * es;
-    a.lda = in, a.ldb = in, a.ldc = out_f;
-    fwd.push_back(a);
-  }
+  for (size_t g = 0; g < groups; ++g)
+    for (size_t s = 0; s < w.size(); ++s) {
+      GemmArgs a = base(g);
+      a.n = outs[s], a.k = in, a.trans_b = true;
+      a.a = static_cast<const char*>(xc.data_ptr()) + offsets[g] * in * es;
+      a.b = wc[s][g].data_ptr();
+      a.c = static_cast<char*>(out.data_ptr()) + (offsets[g] * total + at[s]) * es;
+      a.lda = in, a.ldb = in, a.ldc = total;
+      fwd.push_back(a);
+    }
   grouped_gemm(fwd);  // in = 0 gives zeros: an empty inner dimension is part of the GEMM contract
   std::vector<Tensor> inputs = {x};
-  inputs.insert(inputs.end(), w.begin(), w.end());
+  for (const std::vector<Tensor>& set : w) inputs.insert(inputs.end(), set.begin(), set.end());
   if (needs_grad(inputs)) {
     std::vector<bool> need;
     for (const Tensor& i : inputs) need.push_back(needs_grad({&i}));
-    record(op, out, inputs, [need, offsets, xc, wc, base, rows, in, out_f, es](const Tensor& g) {
-      const Tensor gy = g.to(xc.dtype()).contiguous();
-      std::vector<Tensor> grads(wc.size() + 1);
-      std::vector<GemmArgs> work;
-      if (need[0]) {
-        // dx_g = dy_g W_g
-        grads[0] = Tensor::empty({rows, in}, xc.dtype(), xc.device());
-        for (size_t i = 0; i + 1 < offsets.size(); ++i) {
-          GemmArgs a = base(static_cast<int64_t>(i));
-          a.n = in, a.k = out_f;
-          a.a = static_cast<const char*>(gy.data_ptr()) + offsets[i] * out_f * es;
-          a.b = wc[i].data_ptr();
-          a.c = static_cast<char*>(grads[0].data_ptr()) + offsets[i] * in * es;
-          a.lda = out_f, a.ldb = in, a.ldc = in;
-          work.push_back(a);
-        }
-      }
-      for (size_t i = 0; i + 1 < offsets.size(); ++i) {
-        if (!need[i + 1]) continue;
-        // dW_g = dy_g^T x_g: [out, m] x [m, in]
-        // An empty group (k = 0) gets zeros from the GEMM itself.
-        grads[i + 1] = Tensor::empty({out_f, in}, xc.dtype(), xc.device());
-        GemmArgs a = base(static_cast<int64_t>(i));
-        a.m = out_f, a.n = in, a.k = offsets[i + 1] - offsets[i], a.trans_a = true;
-        a.a = static_cast<const char*>(gy.data_ptr()) + offsets[i] * out_f * es;
-        a.b = static_cast<const char*>(xc.data_ptr()) + offsets[i] * in * es;
-        a.c = grads[i + 1].data_ptr();
-        a.lda = out_f, a.ldb = in, a.ldc = in;
-        work.push_back(a);
-      }
-      grouped_gemm(work);
-      return grads;
-    });
+    record(op, out, inputs,
+           [need, offsets, xc, wc, base, rows, in, total, outs, at, es](const Tensor& g) {
+             const Tensor gy = g.to(xc.dtype()).contiguous();  // [rows, total]
+             const char* pg = static_cast<const char*>(gy.data_ptr());
+             const size_t groups = offsets.size() - 1;
+             std::vector<Tensor> grads(1 + wc.size() * groups);
+             // Set 0's dx products and every dW in one grouped call; then each later set adds
+             // its dx products into dx (beta 1), one grouped call per set.
+             std::vector<std::vector<GemmArgs>> work(need[0] ? wc.size() : 1);
+             if (need[0]) {
+               // dx_g = sum_s dy_{g,s} W_{s,g}
+               grads[0] = Tensor::empty({rows, in}, xc.dtype(), xc.device());
+               for (size_t s = 0; s < wc.size(); ++s)
+                 for (size_t i = 0; i < groups; ++i) {
+                   GemmArgs a = base(i);
+                   a.n = in, a.k = outs[s];
+                   a.a = pg + (offsets[i] * total + at[s]) * es, a.lda = total;
+                   a.b = wc[s][i].data_ptr(), a.ldb = in;
+                   a.c = static_cast<char*>(grads[0].data_ptr()) + offsets[i] * in * es;
+                   a.ldc = in;
+                   a.beta = s == 0 ? 0.0f : 1.0f;
+                   work[s].push_back(a);
+                 }
+             }
+             for (size_t s = 0; s < wc.size(); ++s)
+               for (size_t i = 0; i < groups; ++i) {
+                 const size_t slot = 1 + s * groups + i;
+                 if (!need[slot]) continue;
+                 // dW_{s,g} = dy_{g,s}^T x_g: [out_s, m] x [m, in]. An empty group (k = 0) gets
+                 // zeros from the GEMM itself.
+                 grads[slot] = Tensor::empty({outs[s], in}, xc.dtype(), xc.device());
+                 GemmArgs a = base(i);
+                 a.m = outs[s], a.n = in, a.k = offsets[i + 1] - offsets[i], a.trans_a = true;
+                 a.a = pg + (offsets[i] * total + at[s]) * es, a.lda = total;
+                 a.b = static_cast<const char*>(xc.data_ptr()) + offsets[i] * in * es;
+                 a.ldb = in;
+                 a.c = grads[slot].data_ptr(), a.ldc = in;
+                 work[0].push_back(a);
+               }
+             for (const std::vector<GemmArgs>& call : work) grouped_gemm(call);
+             return grads;
+           });
   }
   return out;
+}
+
+Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
+                      const std::vector<Tensor>& w) {
+  return grouped_linear_cat(x, offsets, {w});
 }
 
 // ---- reference kernel: a plain triple loop in double ----

@@ -22,6 +22,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias = {});
 // grouped GEMM, forward and backward.
 Tensor grouped_linear(const Tensor& x, const std::vector<int64_t>& offsets,
                       const std::vector<Tensor>& w);
+// Several grouped linears of one input side by side (the gate and up projections of every
+// expert): w[s][g] [out_s, in] for set s and group g -> [M, sum of out_s], the columns of set 0
+// first: concat(grouped_linear(x, offsets, w[s]), -1) without the copy. The backward accumulates
+// dx set by set inside the GEMMs (no separate sum of per-set dx).
+Tensor grouped_linear_cat(const Tensor& x, const std::vector<int64_t>& offsets,
+                          const std::vector<std::vector<Tensor>>& w);
 // Several linears of one input side by side: x [..., in] and w[i] [out_i, in] -> [..., sum of
 // out_i], the columns of w[0] first: concat(linear(x, w[i]), -1) without the copy. Up to
 // kFewRows rows (decode) run every product as one grouped GEMM (one parallel region on the CPU)

@@ -66,6 +66,8 @@ Run run(const OpFn& fn, const std::vector<Tensor>& inputs, Device dev, DType dty
   return r;
 }
 
+}  // namespace
+
 void expect_close(const std::string& what, const std::vector<double>& got,
                   const std::vector<double>& want, Tolerance tol) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -89,8 +91,6 @@ void expect_close(const std::string& what, const std::vector<double>& got,
                      << " elements out of tolerance; worst at " << worst_i << ": got "
                      << got[worst_i] << ", want " << want[worst_i];
 }
-
-}  // namespace
 
 void expect_matches_reference(const std::string& what, const OpFn& fn,
                               const std::vector<Tensor>& inputs, ops::Backend b, DType dtype,

@@ -35,6 +35,11 @@ Tensor randn(const Shape& shape, uint64_t seed, double scale = 1.0);
 Tensor randu(const Shape& shape, uint64_t seed, double lo, double hi);
 Tensor randint(const Shape& shape, uint64_t seed, int64_t lo, int64_t hi);
 
+// Expects got and want to agree element by element within tol (the absolute part scaled by
+// want's largest magnitude).
+void expect_close(const std::string& what, const std::vector<double>& got,
+                  const std::vector<double>& want, Tolerance tol);
+
 // Runs fn on `inputs` through the reference and through backend b (inputs cast to dtype; integer
 // inputs keep theirs), seeds the backward with the same random gradient, and expects the outputs
 // and the gradients of every input that requires grad to agree within tol.
