@@ -10,7 +10,8 @@
 // (same B, T) to show where a step's time goes, with its GFLOP/s (projections counted as 6 x
 // params x tokens, plus the attention core below) as a fraction of the measured peak;
 // --profile=2 times the MoE FFN alone, --profile=3 the KDA attention layer alone, --profile=4 the
-// MLA attention layer alone, --profile=5 the embedding, head and loss (each over 50
+// MLA attention layer alone, --profile=5 the embedding, head and loss, --profile=6 the norms and
+// residual additions (each over 50
 // repetitions instead of 5, long enough to sample with perf).
 //
 // Model FLOPs per step (printed, and the basis of "fraction of peak"), forward + backward = 3x
@@ -166,7 +167,7 @@ void profile(Decoder& m, const Tensor& ids, double step_s, double peak, const st
     double ms, flops;  // flops: forward + backward of one, 0 when not counted
   };
   std::vector<Row> rows;
-  const int reps = only.empty() ? 5 : 50;
+  const int reps = only.empty() ? 5 : only == "norms + residuals" ? 500 : 50;
   auto add = [&](const std::string& name, int64_t count, double flops, auto&& forward) {
     if (!only.empty() && name != only) return;
     if (count > 0) rows.push_back({name, count, 1e3 * time_median(reps, fwd_bwd(forward)), flops});
@@ -341,6 +342,7 @@ int main(int argc, char** argv) {
               : prof == 3 ? "KDA attention"
               : prof == 4 ? "MLA attention"
               : prof == 5 ? "embedding + head + loss"
+              : prof == 6 ? "norms + residuals"
                           : "");
     std::printf(
         "RESULT myriad tokens_per_s=%.1f step_ms=%.2f step_min_ms=%.2f B=%lld T=%lld steps=%d "
