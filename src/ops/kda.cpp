@@ -187,28 +187,11 @@ int64_t check_gate(const char* name, const Tensor& z, const Tensor& A_log, const
   return H;
 }
 
-// The gate as its composition of element-wise ops (backends without the fused kernels).
-Tensor gate_composed(KdaGateKind kind, const Tensor& z, const Tensor& A_log, const Tensor& dt_bias,
-                     double g_min, int64_t H) {
-  const DType a = acc_dtype(z.dtype());
-  const int64_t P = z.size(-1);
-  Shape hs = z.shape();
-  hs.back() = H;
-  hs.push_back(P / H);
-  Tensor x = reshape(cast(z, a), hs);
-  if (dt_bias.defined()) x = add(x, reshape(cast(dt_bias, a), {H, P / H}));
-  Tensor decay = A_log.defined() ? reshape(exp(cast(A_log, a)), {H, 1}) : Tensor();
-  if (kind == KdaGateKind::Softplus) return reshape(neg(mul(decay, softplus(x))), z.shape());
-  if (decay.defined()) x = mul(decay, x);
-  return reshape(mul(sigmoid(x), g_min), z.shape());
-}
-
 Tensor gate(const char* name, KdaGateKind kind, const Tensor& z, const Tensor& A_log,
             const Tensor& dt_bias, double g_min) {
   const int64_t H = check_gate(name, z, A_log, dt_bias);
   const Device dev = z.device();
   const Backend be = backend_for(dev, z.dtype());
-  if (!kda_gate_kernels().has(be)) return gate_composed(kind, z, A_log, dt_bias, g_min, H);
   const DType acc = acc_dtype(z.dtype());
   const int64_t P = z.size(-1), rows = P ? z.numel() / P : 0;
   // The per-head factor and the bias are small: their casts (and exp) stay ops, so autograd

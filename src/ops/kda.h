@@ -77,8 +77,7 @@ KernelTable<KdaStepKernel>& kda_step_kernels();
 //   Softplus:   g = -a_h * softplus(x)           (softplus(x) = x for x > 20)
 //   LowerBound: g = g_min * sigmoid(a_h * x)
 // for column p of head h = p / (P / H). z [rows, P] contiguous in X; bias [P] in A or undefined
-// (zeros); a [H] in A (exp(A_log), or ones); g [rows, P] in A. A backend without these kernels
-// (CUDA today) runs the composition.
+// (zeros); a [H] in A (exp(A_log), or ones); g [rows, P] in A.
 enum class KdaGateKind : uint8_t { Softplus, LowerBound };
 struct KdaGateArgs {
   KdaGateKind kind = KdaGateKind::Softplus;

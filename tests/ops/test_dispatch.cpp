@@ -62,6 +62,8 @@ void for_each_table(F&& f) {
   f(ops::kda_kernels());
   f(ops::kda_backward_kernels());
   f(ops::kda_step_kernels());
+  f(ops::kda_gate_kernels());
+  f(ops::kda_gate_backward_kernels());
   f(ops::glu_kernels());
   f(ops::glu_backward_kernels());
   f(ops::gelu_kernels());
@@ -78,13 +80,10 @@ TEST(Dispatch, EveryOpHasReferenceAndCpuKernels) {
   });
   EXPECT_TRUE(ops::grouped_gemm_kernels().has(ops::Backend::CPU));
   EXPECT_TRUE(ops::paged_attention_kernels().has(ops::Backend::CPU));
-  // weighted_index_add and the KDA gates: a backend without them (CUDA today) runs their
-  // composition of element-wise ops instead.
+  // weighted_index_add: a backend without it (CUDA today) runs mul and index_add instead.
   for (ops::Backend b : {ops::Backend::Reference, ops::Backend::CPU}) {
     EXPECT_TRUE(ops::weighted_index_add_kernels().has(b));
     EXPECT_TRUE(ops::weighted_index_add_backward_kernels().has(b));
-    EXPECT_TRUE(ops::kda_gate_kernels().has(b));
-    EXPECT_TRUE(ops::kda_gate_backward_kernels().has(b));
   }
 }
 

@@ -562,8 +562,128 @@ void kda_backward_cuda(const ops::KdaArgs& a, const Tensor& saved, const Tensor&
   });
 }
 
+// ---- the gates (ops::KdaGateKind), element by element on x = z + bias: the forward one thread
+// per element; the backward writes dz the same way and sums dbias and da in two deterministic
+// passes (per row chunk and column, then over the chunks in order, as rms_norm's gw) ----
+template <class A>
+__device__ A gate_softplus(A x) {
+  return x > A(20) ? x : log1p(exp(x));
+}
+
+template <class T>
+__global__ void kda_gate_kernel(const T* z, const Acc<T>* bias, const Acc<T>* a, bool softplus,
+                                Acc<T> g_min, Acc<T>* g, int64_t n, int64_t P, int64_t per_head) {
+  using A = Acc<T>;
+  for (int64_t i = global_thread(); i < n; i += global_threads()) {
+    const int64_t p = i % P;
+    const A x = ld(z[i]) + (bias ? bias[p] : A(0)), f = a[p / per_head];
+    g[i] = softplus ? -(f * gate_softplus(x)) : g_min / (A(1) + exp(-(f * x)));
+  }
+}
+
+constexpr int kGateCols = 32, kGateSplit = 8;
+
+// dz per element; per (row chunk, column): the sums of dx (for dbias) and of dg * dg/da.
+template <class T>
+__global__ void kda_gate_backward_kernel(const T* z, const Acc<T>* bias, const Acc<T>* a,
+                                         bool softplus, Acc<T> g_min, const Acc<T>* dg, T* dz,
+                                         Acc<T>* part_db, Acc<T>* part_da, int64_t rows, int64_t P,
+                                         int64_t per_head, int64_t rows_per_chunk) {
+  using A = Acc<T>;
+  __shared__ A sdb[kGateSplit][kGateCols], sda[kGateSplit][kGateCols];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kGateCols + tx, chunk = blockIdx.y;
+  const int64_t r0 = chunk * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  A db = 0, da = 0;
+  if (c < P) {
+    const A f = a[c / per_head], b = bias ? bias[c] : A(0);
+    for (int64_t r = r0 + ty; r < r1; r += kGateSplit) {
+      const int64_t i = r * P + c;
+      const A x = ld(z[i]) + b, d = dg[i];
+      A dx;
+      if (softplus) {
+        dx = -d * f * (x > A(20) ? A(1) : A(1) / (A(1) + exp(-x)));
+        da -= d * gate_softplus(x);
+      } else {
+        const A s = A(1) / (A(1) + exp(-(f * x))), t = g_min * s * (A(1) - s) * d;
+        dx = f * t;
+        da += x * t;
+      }
+      dz[i] = st<T>(dx);
+      db += dx;
+    }
+  }
+  sdb[ty][tx] = db, sda[ty][tx] = da;
+  __syncthreads();
+  if (ty == 0 && c < P) {
+    for (int j = 1; j < kGateSplit; ++j) db += sdb[j][tx], da += sda[j][tx];
+    part_db[chunk * P + c] = db;
+    part_da[chunk * P + c] = da;
+  }
+}
+
+// dbias[c] = the chunks' sums in order; da[h] = its columns' sums in order, chunk by chunk.
+template <class A>
+__global__ void kda_gate_final_kernel(const A* part_db, const A* part_da, A* dbias, A* da,
+                                      int64_t chunks, int64_t P, int64_t H) {
+  const int64_t per_head = P / H;
+  for (int64_t t = global_thread(); t < P + H; t += global_threads()) {
+    A s = 0;
+    if (t < P) {
+      if (!dbias) continue;
+      for (int64_t j = 0; j < chunks; ++j) s += part_db[j * P + t];
+      dbias[t] = s;
+    } else {
+      const int64_t h = t - P;
+      for (int64_t j = 0; j < chunks; ++j)
+        for (int64_t c = h * per_head; c < (h + 1) * per_head; ++c) s += part_da[j * P + c];
+      da[h] = s;
+    }
+  }
+}
+
+void kda_gate_cuda(const ops::KdaGateArgs& args, Tensor& g) {
+  const int64_t rows = args.z.size(0), P = args.z.size(1), H = args.a.numel();
+  dispatch_float("kda_gate", args.z.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    const int64_t n = rows * P;
+    launch("kda_gate", g.device().index, grid_for(n), kThreads, &kda_gate_kernel<T>,
+           cptr<T>(args.z), args.bias.defined() ? cptr<A>(args.bias) : nullptr, cptr<A>(args.a),
+           args.kind == ops::KdaGateKind::Softplus, static_cast<A>(args.g_min), mptr<A>(g), n, P,
+           P / H);
+  });
+}
+
+void kda_gate_backward_cuda(const ops::KdaGateArgs& args, const Tensor& dg, Tensor& dz,
+                            Tensor& dbias, Tensor& da) {
+  const char* name = "kda_gate_backward";
+  const int64_t rows = args.z.size(0), P = args.z.size(1), H = args.a.numel();
+  const int dev = dz.device().index;
+  dispatch_float(name, args.z.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    const int64_t col_tiles = (P + kGateCols - 1) / kGateCols;
+    int64_t chunks = std::clamp<int64_t>((1024 + col_tiles - 1) / col_tiles, 1, 65535);
+    chunks = std::max<int64_t>(1, std::min(chunks, (rows + 63) / 64));
+    const int64_t per_chunk = std::max<int64_t>(1, (rows + chunks - 1) / chunks);
+    const DType at = std::is_same_v<A, double> ? DType::F64 : DType::F32;
+    Tensor part_db = Tensor::empty({chunks, P}, at, dz.device());
+    Tensor part_da = Tensor::empty({chunks, P}, at, dz.device());
+    launch(name, dev, dim3(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks)),
+           dim3(kGateCols, kGateSplit), &kda_gate_backward_kernel<T>, cptr<T>(args.z),
+           args.bias.defined() ? cptr<A>(args.bias) : nullptr, cptr<A>(args.a),
+           args.kind == ops::KdaGateKind::Softplus, static_cast<A>(args.g_min), cptr<A>(dg),
+           mptr<T>(dz), mptr<A>(part_db), mptr<A>(part_da), rows, P, P / H, per_chunk);
+    launch(name, dev, grid_for(P + H), kThreads, &kda_gate_final_kernel<A>, cptr<A>(part_db),
+           cptr<A>(part_da), dbias.defined() ? mptr<A>(dbias) : nullptr, mptr<A>(da), chunks, P, H);
+  });
+}
+
 }  // namespace
 
+MYRIAD_REGISTER_KERNEL(ops::kda_gate_kernels, ops::Backend::CUDA, &kda_gate_cuda);
+MYRIAD_REGISTER_KERNEL(ops::kda_gate_backward_kernels, ops::Backend::CUDA, &kda_gate_backward_cuda);
 MYRIAD_REGISTER_KERNEL(ops::kda_kernels, ops::Backend::CUDA, &kda_cuda);
 MYRIAD_REGISTER_KERNEL(ops::kda_backward_kernels, ops::Backend::CUDA, &kda_backward_cuda);
 MYRIAD_REGISTER_KERNEL(ops::kda_step_kernels, ops::Backend::CUDA, &kda_step_cuda);
