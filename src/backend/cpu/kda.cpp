@@ -730,6 +730,10 @@ using ops::KdaGateKind;
 struct GateCols {
   std::vector<float> a, bias;
   explicit GateCols(const KdaGateArgs& args) {
+    check_row_dtype("kda_gate", args.z.dtype());
+    MYRIAD_CHECK(
+        args.a.dtype() == DType::F32 && (!args.bias.defined() || args.bias.dtype() == DType::F32),
+        "kda_gate: the cpu kernel expects an f32 factor and bias");
     const int64_t P = args.z.size(1), H = args.a.numel();
     a.resize(P), bias.assign(P, 0.0f);
     for (int64_t p = 0; p < P; ++p) a[p] = args.a.data<float>()[p / (P / H)];
@@ -804,9 +808,9 @@ void kda_gate_backward_cpu(const KdaGateArgs& args, const Tensor& dg, Tensor& dz
   parallel_for(blocks, std::max<int64_t>(1, 16384 / std::max<int64_t>(P * kGateBlock, 1)),
                [&](int64_t b0, int64_t b1) {
                  std::vector<float> zb(P), dxb(P);
+                 const bool f32 = dz.dtype() == DType::F32;
                  for (int64_t b = b0; b < b1; ++b)
                    for (int64_t r = b * kGateBlock; r < std::min(rows, (b + 1) * kGateBlock); ++r) {
-                     const bool f32 = dz.dtype() == DType::F32;
                      float* dx = f32 ? dz.data<float>() + r * P : dxb.data();
                      gate_backward_row(softplus, g_min, P, z_row(args.z, r, zb.data()),
                                        cols.bias.data(), cols.a.data(), dg.data<float>() + r * P,
@@ -825,27 +829,10 @@ void kda_gate_backward_cpu(const KdaGateArgs& args, const Tensor& dg, Tensor& dz
   for (int64_t h = 0; h < H; ++h) da.data<float>()[h] = static_cast<float>(das[h]);
 }
 
-void check_gate_dtypes(const KdaGateArgs& args) {
-  check_row_dtype("kda_gate", args.z.dtype());
-  MYRIAD_CHECK(
-      args.a.dtype() == DType::F32 && (!args.bias.defined() || args.bias.dtype() == DType::F32),
-      "kda_gate: the cpu kernel expects an f32 factor and bias");
-}
-void kda_gate_cpu_checked(const KdaGateArgs& args, Tensor& g) {
-  check_gate_dtypes(args);
-  kda_gate_cpu(args, g);
-}
-void kda_gate_backward_cpu_checked(const KdaGateArgs& args, const Tensor& dg, Tensor& dz,
-                                   Tensor& dbias, Tensor& da) {
-  check_gate_dtypes(args);
-  kda_gate_backward_cpu(args, dg, dz, dbias, da);
-}
-
 }  // namespace
 
-MYRIAD_REGISTER_KERNEL(ops::kda_gate_kernels, ops::Backend::CPU, &kda_gate_cpu_checked);
-MYRIAD_REGISTER_KERNEL(ops::kda_gate_backward_kernels, ops::Backend::CPU,
-                       &kda_gate_backward_cpu_checked);
+MYRIAD_REGISTER_KERNEL(ops::kda_gate_kernels, ops::Backend::CPU, &kda_gate_cpu);
+MYRIAD_REGISTER_KERNEL(ops::kda_gate_backward_kernels, ops::Backend::CPU, &kda_gate_backward_cpu);
 MYRIAD_REGISTER_KERNEL(ops::kda_kernels, ops::Backend::CPU, &kda_cpu);
 MYRIAD_REGISTER_KERNEL(ops::kda_backward_kernels, ops::Backend::CPU, &kda_backward_cpu);
 MYRIAD_REGISTER_KERNEL(ops::kda_step_kernels, ops::Backend::CPU, &kda_step_cpu);
