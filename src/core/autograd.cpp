@@ -83,13 +83,27 @@ Tensor recompute(const char* name, const std::function<Tensor(const Tensor&)>& f
   return y;
 }
 
-static void accumulate_into_leaf(TensorImpl& leaf, const Tensor& g) {
+// Whether no other Tensor holds g or shares its data (use counts: a copy of g, a view of it and a
+// tensor it views all make it false).
+static bool sole_owner(const Tensor& g) {
+  return g.impl_ptr().use_count() == 1 && g.impl().storage && g.impl().storage.use_count() == 1;
+}
+
+// g is taken by value: a gradient nothing else holds (the pass moves its own in) becomes .grad
+// as it is.
+static void accumulate_into_leaf(TensorImpl& leaf, Tensor g) {
   MYRIAD_CHECK(g.shape() == leaf.shape, "backward: gradient of shape ", shape_str(g.shape()),
                " for a leaf of shape ", shape_str(leaf.shape));
   Tensor gl = g.dtype() == leaf.dtype ? g : g.to(leaf.dtype);
   if (!leaf.grad) {
-    // A copy: the gradient may alias a tensor the caller holds, and optimizers edit .grad in place.
-    leaf.grad = (gl.same(g) ? g.clone() : gl).impl_ptr();
+    // Otherwise a copy: the gradient may alias a tensor someone holds, and optimizers edit .grad
+    // in place. (Each parameter's first gradient of a step was a full copy.)
+    if (!gl.same(g)) {
+      leaf.grad = gl.impl_ptr();
+      return;
+    }
+    gl = Tensor();
+    leaf.grad = (sole_owner(g) && g.is_contiguous() ? g : g.clone()).impl_ptr();
     return;
   }
   MYRIAD_CHECK(g_add, "backward: no add kernel registered");
@@ -106,9 +120,14 @@ Tensor part_view(const Tensor& g, const Node::Part& p) {
 }
 
 // g_part as the gradient of the whole input: zeros elsewhere.
+// Only the rest is cleared, so the part is written once (a KDA layer's output is nearly all of
+// the buffer it shares with the final state).
 Tensor widen(const Tensor& g_part, const Node::Part& p) {
-  Tensor full = Tensor::zeros(p.in_shape, g_part.dtype(), g_part.device());
+  Tensor full = Tensor::empty(p.in_shape, g_part.dtype(), g_part.device());
   part_view(full, p).copy_(g_part);
+  const int64_t n = p.in_shape[p.dim];
+  for (const auto& [start, end] : {std::pair{int64_t{0}, p.start}, std::pair{p.end, n}})
+    if (end > start) part_view(full, {p.dim, start, end, p.in_shape}).fill_(0.0);
   return full;
 }
 
@@ -160,7 +179,7 @@ void run_backward(const Tensor& root, const Tensor& seed, bool retain_graph) {
       Tensor& gi = in_grads[i];
       const bool part = n->part.dim >= 0 && i == 0 && gi.defined();
       if (e.leaf) {
-        if (gi.defined()) accumulate_into_leaf(*e.leaf, part ? widen(gi, n->part) : gi);
+        if (gi.defined()) accumulate_into_leaf(*e.leaf, part ? widen(gi, n->part) : std::move(gi));
         continue;
       }
       if (!e.node) continue;

@@ -206,6 +206,35 @@ TEST(Autograd, AccumulatesAcrossPassesAndUses) {
   EXPECT_FALSE(x.grad().defined());
 }
 
+// A leaf's first gradient is kept as it is only when nothing else holds it: a seed, a gradient
+// passed through a view, and a gradient a retained closure still owns are copied, so editing
+// .grad in place (as optimizers do) changes nothing else.
+TEST(Autograd, FirstLeafGradientIsCopiedUnlessUnshared) {
+  const std::vector<double> ones = {1, 1, 1, 1};
+  Tensor a = Tensor::zeros({4}).requires_grad_();
+  Tensor seed = Tensor::ones({4});
+  a.backward(seed);  // a leaf: its gradient is the seed
+  a.grad().fill_(5.0);
+  EXPECT_EQ(seed.to_doubles(), ones);
+
+  Tensor b = Tensor::zeros({4}).requires_grad_();
+  Tensor seed2 = Tensor::ones({2, 2});
+  ops::reshape(b, {2, 2}).backward(seed2);  // the backward hands on a view of the seed
+  b.grad().fill_(5.0);
+  EXPECT_EQ(seed2.to_doubles(), ones);
+
+  Tensor c = Tensor::zeros({4}).requires_grad_();
+  Tensor y = ops::mul(c, 3.0);
+  y.backward(Tensor::ones({4}));  // a fresh gradient nobody else holds: kept as it is
+  EXPECT_EQ(c.grad().to_doubles(), (std::vector<double>{3, 3, 3, 3}));
+  Tensor d = Tensor::zeros({4}).requires_grad_();
+  Tensor z = ops::add(d, d);  // both inputs get the same tensor: the first must be a copy
+  z.backward(seed);
+  d.grad().fill_(1.0);
+  EXPECT_EQ(seed.to_doubles(), ones);
+  EXPECT_EQ(d.grad().to_doubles(), ones);
+}
+
 TEST(Autograd, NoGradScopeRecordsNothing) {
   Tensor x = Tensor::ones({2}).requires_grad_();
   {
