@@ -100,6 +100,14 @@ MYRIAD_CPU_CLONES void store_rows_bf16(const float* src, int64_t ld, int64_t row
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < n; ++i) dst[r * stride + i] = bf16_store(src[r * ld + i] * mul);
 }
+// Asks for rows of n values, `stride` elements apart (from element off), to be brought into the
+// cache for writing: output rows not in the cache cost a read for ownership at the store.
+void prefetch_rows(Tensor& t, int64_t off, int64_t stride, int64_t rows, int64_t n) {
+  const int64_t es = t.dtype() == DType::F32 ? 4 : 2;
+  char* base = static_cast<char*>(t.data_ptr()) + off * es;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n * es; i += 64) __builtin_prefetch(base + r * stride * es + i, 1, 3);
+}
 void load(const Tensor& t, int64_t off, int64_t stride, int64_t rows, int64_t n, float mul,
           float* dst, int64_t ld) {
   if (t.dtype() == DType::F32)
@@ -417,8 +425,10 @@ struct Work {
   std::vector<float> Q, Kc, G, Gl, Gam, Ed, Qg, Kg, Kd, ER, KR, ED, KD;
   // [Kp, Cp]
   std::vector<float> KT, GT, LT, KRT, KDT;
-  // [16, Kp]
+  // [16, Kp] each, or [pairs, 16, Kp] (per block pair (a, b <= a) of the chunk) when kept for
+  // the backward's pair gradients
   std::vector<float> EL, KL, QL;
+  bool keep_left;
   // [Cp, Vp]
   std::vector<float> Vv, R, Vt, O;
   // [Cp, Cp]
@@ -427,7 +437,7 @@ struct Work {
   bool factor = false;         // every gate of the chunk is <= 0: factorised blocks
   std::vector<int64_t> mid;    // per block: the diagonal reference row, or -1 for a direct block
 
-  explicit Work(const KdaArgs& a) {
+  Work(const KdaArgs& a, bool keep_left) : keep_left(keep_left) {
     const Shape& s = a.q.shape();
     B = s[0], T = s[1], H = s[2], K = s[3], V = a.v.size(3), C = a.chunk;
     NC = (T + C - 1) / C;
@@ -437,7 +447,9 @@ struct Work {
       b->assign(Cp * Kp, 0.0f);
     for (auto* b : {&KT, &GT, &LT, &KRT, &KDT}) b->assign(Kp * Cp, 0.0f);
     mid.assign(Cp / kBlk, -1);
-    for (auto* b : {&EL, &KL, &QL}) b->assign(kBlk * Kp, 0.0f);
+    const int64_t nb = Cp / kBlk;
+    for (auto* b : {&EL, &KL, &QL})
+      b->assign((keep_left ? nb * (nb + 1) / 2 : 1) * kBlk * Kp, 0.0f);
     for (auto* b : {&Vv, &R, &Vt, &O}) b->assign(Cp * Vp, 0.0f);
     for (auto* b : {&M, &P}) b->assign(Cp * Cp, 0.0f);
     beta.assign(Cp, 0.0f);
@@ -451,18 +463,27 @@ struct Work {
   void load_state(const Tensor& t, int64_t off) { load(t, off, V, K, V, 1.0f, S.data(), Vp); }
   void store_state(Tensor& t, int64_t off) const { store(S.data(), Vp, K, V, 1.0f, t, off, V); }
 
-  // Block (r0, i0) as a product: the left factors of rows [r0, r1) into EL, KL, QL; returns
-  // the right factors (ER, KR or ED, KD) and KR transposed, at row / column i0.
-  struct Right {
-    const float *er, *kr, *krt;
+  // Block (r0, i0) as a product: the left factors of rows [r0, r1) (EL, KL, QL, [16, Kp]
+  // each) and the right factors (ER, KR or ED, KD) and KR transposed, at row / column i0.
+  struct Factors {
+    const float *el, *kl, *ql, *er, *kr, *krt;
   };
-  Right left(int64_t r0, int64_t r1, int64_t i0) {
-    const bool diag = i0 == r0;
-    const int64_t ref = (diag ? mid[r0 / kBlk] : i0 + kBlk - 1) * Kp;
+  int64_t slot(int64_t r0, int64_t i0) const {
+    if (!keep_left) return 0;
+    const int64_t a = r0 / kBlk;
+    return (a * (a + 1) / 2 + i0 / kBlk) * kBlk * Kp;
+  }
+  // The factors of block (r0, i0), its left ones as chunk() computed them.
+  Factors factors(int64_t r0, int64_t i0) const {
+    const int64_t at = slot(r0, i0);
+    if (i0 == r0) return {&EL[at], &KL[at], &QL[at], &ED[i0 * Kp], &KD[i0 * Kp], &KDT[i0]};
+    return {&EL[at], &KL[at], &QL[at], &ER[i0 * Kp], &KR[i0 * Kp], &KRT[i0]};
+  }
+  Factors left(int64_t r0, int64_t r1, int64_t i0) {
+    const int64_t ref = (i0 == r0 ? mid[r0 / kBlk] : i0 + kBlk - 1) * Kp, at = slot(r0, i0);
     left_factors(r0, r1 - r0, Kp, Q.data(), Kc.data(), G.data(), Gl.data(), &G[ref], &Gl[ref],
-                 EL.data(), KL.data(), QL.data());
-    if (diag) return {&ED[i0 * Kp], &KD[i0 * Kp], &KDT[i0]};
-    return {&ER[i0 * Kp], &KR[i0 * Kp], &KRT[i0]};
+                 &EL[at], &KL[at], &QL[at]);
+    return factors(r0, i0);
   }
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
 
@@ -519,9 +540,9 @@ struct Work {
                            KT.data(), GT.data(), LT.data(), M.data(), P.data());
           continue;
         }
-        const Right rf = left(r0, r1, i0);
-        mm(kBlk, kBlk, K, KL.data(), Kp, 1, rf.krt, Cp, &M[r0 * Cp + i0], Cp, false);
-        mm(kBlk, kBlk, K, QL.data(), Kp, 1, rf.krt, Cp, &P[r0 * Cp + i0], Cp, false);
+        const Factors f = left(r0, r1, i0);
+        mm(kBlk, kBlk, K, f.kl, Kp, 1, f.krt, Cp, &M[r0 * Cp + i0], Cp, false);
+        mm(kBlk, kBlk, K, f.ql, Kp, 1, f.krt, Cp, &P[r0 * Cp + i0], Cp, false);
         if (i0 == r0)  // clear the non-causal half of a diagonal block
           for (int64_t r = r0; r < r0 + kBlk; ++r)
             for (int64_t i = r; i < r0 + kBlk; ++i) {
@@ -548,7 +569,7 @@ void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
   check_dtypes("kda", a);
   parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
     FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
-    Work w(a);
+    Work w(a, false);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / w.H, h = bh % w.H;
       std::fill(w.S.begin(), w.S.end(), 0.0f);
@@ -556,6 +577,12 @@ void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
       for (int64_t c = 0; c < w.NC; ++c) {
         const int64_t t0 = c * w.C, cn = std::min(w.C, w.T - t0);
         if (saved.defined()) w.store_state(saved, w.saved(b, h, c));
+        if (c + 1 <
+            w.NC) {  // the next chunk's output rows and saved state, while this one computes
+          const int64_t n1 = std::min(w.C, w.T - t0 - w.C);
+          prefetch_rows(o, w.row_v(b, t0 + w.C, h), w.H * w.V, n1, w.V);
+          if (saved.defined()) prefetch_rows(saved, w.saved(b, h, c + 1), w.V, w.K, w.V);
+        }
         w.chunk(a, b, h, t0, cn);
         // O = Qg S + P Ṽ
         mm(w.Cp, w.Vp, w.K, w.Qg.data(), w.Kp, 1, w.S.data(), w.Vp, w.O.data(), w.Vp, false);
@@ -578,7 +605,7 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
   check_dtypes("kda_backward", a);
   parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
     FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
-    Work w(a);
+    Work w(a, true);
     const int64_t Cp = w.Cp, Kp = w.Kp, Vp = w.Vp, K = w.K, V = w.V;
     std::vector<float> dO(Cp * Vp), dVt(Cp * Vp), X(Cp * Vp), nDR(Cp * Vp);
     std::vector<float> ST(Vp * Kp), dST(Vp * Kp), VtT(Vp * Cp);
@@ -594,6 +621,13 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         const int64_t t0 = c * w.C, cn = std::min(w.C, w.T - t0);
         std::fill(w.S.begin(), w.S.end(), 0.0f);
         w.load_state(saved, w.saved(b, h, c));
+        if (c > 0) {  // the next chunk's gradient rows, while this one computes
+          const int64_t p0 = t0 - w.C;
+          prefetch_rows(gr.dq, w.row_qk(b, p0, h), w.H * K, w.C, K);
+          prefetch_rows(gr.dk, w.row_qk(b, p0, h), w.H * K, w.C, K);
+          prefetch_rows(gr.dg, w.row_qk(b, p0, h), w.H * K, w.C, K);
+          prefetch_rows(gr.dv, w.row_v(b, p0, h), w.H * V, w.C, V);
+        }
         w.chunk(a, b, h, t0, cn);
         std::fill(dO.begin(), dO.end(), 0.0f);
         load(d_o, w.row_v(b, t0, h), w.H * V, cn, V, 1.0f, dO.data(), Vp);
@@ -637,17 +671,17 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
               continue;
             }
             // a_r += EL_r (dM KR)_r, b_r += EL_r (dP KR)_r, c_i += ER_i (dM^T KL + dP^T QL)_i
-            const Work::Right rf = w.left(r0, r1, i0);
+            const Work::Factors rf = w.factors(r0, i0);
             const float* dMb = &dM[r0 * Cp + i0];
             const float* dPb = &dP[r0 * Cp + i0];
             mm(kBlk, Kp, kBlk, dMb, Cp, 1, rf.kr, Kp, T1.data(), Kp, false);
             for (int64_t r = 0; r < r1 - r0; ++r)
-              fma_rows(&Ga[(r0 + r) * Kp], &w.EL[r * Kp], &T1[r * Kp], Kp);
+              fma_rows(&Ga[(r0 + r) * Kp], rf.el + r * Kp, &T1[r * Kp], Kp);
             mm(kBlk, Kp, kBlk, dPb, Cp, 1, rf.kr, Kp, T1.data(), Kp, false);
             for (int64_t r = 0; r < r1 - r0; ++r)
-              fma_rows(&Gb[(r0 + r) * Kp], &w.EL[r * Kp], &T1[r * Kp], Kp);
-            mm(kBlk, Kp, kBlk, dMb, 1, Cp, w.KL.data(), Kp, T2.data(), Kp, false);
-            mm(kBlk, Kp, kBlk, dPb, 1, Cp, w.QL.data(), Kp, T2.data(), Kp, true);
+              fma_rows(&Gb[(r0 + r) * Kp], rf.el + r * Kp, &T1[r * Kp], Kp);
+            mm(kBlk, Kp, kBlk, dMb, 1, Cp, rf.kl, Kp, T2.data(), Kp, false);
+            mm(kBlk, Kp, kBlk, dPb, 1, Cp, rf.ql, Kp, T2.data(), Kp, true);
             for (int64_t i = 0; i < kBlk; ++i)
               fma_rows(&Gc[(i0 + i) * Kp], rf.er + i * Kp, &T2[i * Kp], Kp);
           }
