@@ -94,18 +94,16 @@ static bool sole_owner(const Tensor& g) {
 static void accumulate_into_leaf(TensorImpl& leaf, Tensor g) {
   MYRIAD_CHECK(g.shape() == leaf.shape, "backward: gradient of shape ", shape_str(g.shape()),
                " for a leaf of shape ", shape_str(leaf.shape));
-  Tensor gl = g.dtype() == leaf.dtype ? g : g.to(leaf.dtype);
   if (!leaf.grad) {
-    // Otherwise a copy: the gradient may alias a tensor someone holds, and optimizers edit .grad
-    // in place. (Each parameter's first gradient of a step was a full copy.)
-    if (!gl.same(g)) {
-      leaf.grad = gl.impl_ptr();
-      return;
-    }
-    gl = Tensor();
-    leaf.grad = (sole_owner(g) && g.is_contiguous() ? g : g.clone()).impl_ptr();
+    // A conversion is a new tensor. Otherwise a copy unless nothing else holds g: it may alias a
+    // tensor someone holds, and optimizers edit .grad in place.
+    if (g.dtype() != leaf.dtype)
+      leaf.grad = g.to(leaf.dtype).impl_ptr();
+    else
+      leaf.grad = (sole_owner(g) && g.is_contiguous() ? g : g.clone()).impl_ptr();
     return;
   }
+  const Tensor gl = g.dtype() == leaf.dtype ? g : g.to(leaf.dtype);
   MYRIAD_CHECK(g_add, "backward: no add kernel registered");
   leaf.grad = g_add(Tensor(leaf.grad), gl).impl_ptr();
 }

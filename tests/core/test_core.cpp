@@ -206,9 +206,9 @@ TEST(Autograd, AccumulatesAcrossPassesAndUses) {
   EXPECT_FALSE(x.grad().defined());
 }
 
-// A leaf's first gradient is kept as it is only when nothing else holds it: a seed, a gradient
-// passed through a view, and a gradient a retained closure still owns are copied, so editing
-// .grad in place (as optimizers do) changes nothing else.
+// A leaf's first gradient is kept as it is only when nothing else holds it: a seed, and a view
+// of the seed handed on by a backward, are copied, so editing .grad in place (as optimizers do)
+// changes nothing else.
 TEST(Autograd, FirstLeafGradientIsCopiedUnlessUnshared) {
   const std::vector<double> ones = {1, 1, 1, 1};
   Tensor a = Tensor::zeros({4}).requires_grad_();
@@ -228,7 +228,7 @@ TEST(Autograd, FirstLeafGradientIsCopiedUnlessUnshared) {
   y.backward(Tensor::ones({4}));  // a fresh gradient nobody else holds: kept as it is
   EXPECT_EQ(c.grad().to_doubles(), (std::vector<double>{3, 3, 3, 3}));
   Tensor d = Tensor::zeros({4}).requires_grad_();
-  Tensor z = ops::add(d, d);  // both inputs get the same tensor: the first must be a copy
+  Tensor z = ops::add(d, d);  // both inputs get the seed itself
   z.backward(seed);
   d.grad().fill_(1.0);
   EXPECT_EQ(seed.to_doubles(), ones);
