@@ -102,6 +102,7 @@ MYRIAD_CPU_CLONES void store_rows_bf16(const float* src, int64_t ld, int64_t row
 }
 // Asks for rows of n values, `stride` elements apart (from element off), to be brought into the
 // cache for writing: output rows not in the cache cost a read for ownership at the store.
+// (Prefetching the next chunk's input rows as well ran 0.90x.)
 void prefetch_rows(Tensor& t, int64_t off, int64_t stride, int64_t rows, int64_t n) {
   const int64_t es = t.dtype() == DType::F32 ? 4 : 2;
   char* base = static_cast<char*>(t.data_ptr()) + off * es;
@@ -183,24 +184,36 @@ void pair_sums_direct(int64_t r0, int64_t r1, int64_t i0, int64_t k, int64_t cp,
 }
 
 // The left factors of block row a against reference row (ref, refl): EL = exp(G_r - R),
-// KL = K EL, QL = Q EL for the block's rows r0 + [0, rows), zero below ([16, kp] each).
-MYRIAD_CPU_CLONES void left_factors(int64_t r0, int64_t rows, int64_t kp, const float* __restrict Q,
-                                    const float* __restrict Kc, const float* __restrict G,
-                                    const float* __restrict Gl, const float* __restrict ref,
-                                    const float* __restrict refl, float* __restrict EL,
-                                    float* __restrict KL, float* __restrict QL) {
+// KL = K EL, QL = Q EL for the block's rows r0 + [0, rows), zero below ([16, kp] each). EL is
+// only written when el is not null (the backward's pair gradients read it; the forward does not,
+// and every buffer a pass writes costs it stores that miss L1).
+template <bool kEL>
+MYRIAD_CPU_CLONES void left_factors_w(int64_t r0, int64_t rows, int64_t kp,
+                                      const float* __restrict Q, const float* __restrict Kc,
+                                      const float* __restrict G, const float* __restrict Gl,
+                                      const float* __restrict ref, const float* __restrict refl,
+                                      float* __restrict EL, float* __restrict KL,
+                                      float* __restrict QL) {
   for (int64_t r = 0; r < kBlk; ++r)
     for (int64_t d = 0; d < kp; ++d) {
       const int64_t i = (r0 + r) * kp + d, o = r * kp + d;
       const float e = r < rows ? fast_exp((G[i] - ref[d]) + (Gl[i] - refl[d])) : 0.0f;
-      EL[o] = e;
+      if constexpr (kEL) EL[o] = e;
       KL[o] = Kc[i] * e;
       QL[o] = Q[i] * e;
     }
 }
+void left_factors(int64_t r0, int64_t rows, int64_t kp, const float* Q, const float* Kc,
+                  const float* G, const float* Gl, const float* ref, const float* refl, float* EL,
+                  float* KL, float* QL) {
+  if (EL)
+    left_factors_w<true>(r0, rows, kp, Q, Kc, G, Gl, ref, refl, EL, KL, QL);
+  else
+    left_factors_w<false>(r0, rows, kp, Q, Kc, G, Gl, ref, refl, EL, KL, QL);
+}
 
-// The right factors of rows [i0, i1) against reference row (ref, refl): ER = exp(R - G_i) and
-// KR = K ER.
+// The right factors of rows [i0, i1) against reference row (ref, refl): ER = exp(R - G_i) (when
+// ER is not null) and KR = K ER.
 MYRIAD_CPU_CLONES void right_factors(int64_t i0, int64_t i1, int64_t kp, const float* __restrict Kc,
                                      const float* __restrict G, const float* __restrict Gl,
                                      const float* __restrict ref, const float* __restrict refl,
@@ -208,8 +221,9 @@ MYRIAD_CPU_CLONES void right_factors(int64_t i0, int64_t i1, int64_t kp, const f
   for (int64_t i = i0; i < i1; ++i)
     for (int64_t d = 0; d < kp; ++d) {
       const int64_t x = i * kp + d;
-      ER[x] = fast_exp((ref[d] - G[x]) + (refl[d] - Gl[x]));
-      KR[x] = Kc[x] * ER[x];
+      const float e = fast_exp((ref[d] - G[x]) + (refl[d] - Gl[x]));
+      if (ER) ER[x] = e;
+      KR[x] = Kc[x] * e;
     }
 }
 
@@ -275,39 +289,59 @@ MYRIAD_CPU_CLONES void cumsum2(int64_t cn, int64_t kp, float* __restrict G, floa
 }
 
 // Decays and gated copies of one chunk: Gam = exp(G), Ed = exp(G_last - G), Qg = Q Gam,
-// Kg = K Gam, Kd = K Ed (rows < cn; the rest stay zero).
-MYRIAD_CPU_CLONES void decays(int64_t cn, int64_t kp, const float* __restrict Q,
-                              const float* __restrict Kc, const float* __restrict G,
-                              const float* __restrict Gl, float* __restrict Gam,
-                              float* __restrict Ed, float* __restrict Qg, float* __restrict Kg,
-                              float* __restrict Kd) {
+// Kg = K Gam, Kd = K Ed (rows < cn; the rest stay zero). Without `all` (the forward), Gam only
+// for the last row and no Ed: the backward alone reads them.
+template <bool kAll>
+MYRIAD_CPU_CLONES void decays_w(int64_t cn, int64_t kp, const float* __restrict Q,
+                                const float* __restrict Kc, const float* __restrict G,
+                                const float* __restrict Gl, float* __restrict Gam,
+                                float* __restrict Ed, float* __restrict Qg, float* __restrict Kg,
+                                float* __restrict Kd) {
   const float* gl = G + (cn - 1) * kp;
   const float* ll = Gl + (cn - 1) * kp;
   for (int64_t r = 0; r < cn; ++r)
     for (int64_t d = 0; d < kp; ++d) {
       const int64_t i = r * kp + d;
-      Gam[i] = fast_exp(G[i] + Gl[i]);
-      Ed[i] = fast_exp((gl[d] - G[i]) + (ll[d] - Gl[i]));
-      Qg[i] = Q[i] * Gam[i];
-      Kg[i] = Kc[i] * Gam[i];
-      Kd[i] = Kc[i] * Ed[i];
+      const float gam = fast_exp(G[i] + Gl[i]), ed = fast_exp((gl[d] - G[i]) + (ll[d] - Gl[i]));
+      if constexpr (kAll) {
+        Gam[i] = gam;
+        Ed[i] = ed;
+      }
+      Qg[i] = Q[i] * gam;
+      Kg[i] = Kc[i] * gam;
+      Kd[i] = Kc[i] * ed;
     }
+  if constexpr (!kAll)
+    for (int64_t d = 0; d < kp; ++d) Gam[(cn - 1) * kp + d] = fast_exp(gl[d] + ll[d]);
+}
+void decays(int64_t cn, int64_t kp, bool all, const float* Q, const float* Kc, const float* G,
+            const float* Gl, float* Gam, float* Ed, float* Qg, float* Kg, float* Kd) {
+  if (all)
+    decays_w<true>(cn, kp, Q, Kc, G, Gl, Gam, Ed, Qg, Kg, Kd);
+  else
+    decays_w<false>(cn, kp, Q, Kc, G, Gl, Gam, Ed, Qg, Kg, Kd);
 }
 
-// The two triangular solves run over blocks of N W-lane vectors of columns, each row's block
-// held in registers over the whole substitution (a column block of 64 where vp allows, else 16;
-// vp is a multiple of 16). Each element sums over i in the same order as a plain loop.
+// The two triangular solves, blocked by 16 rows: what a block row owes to the rows of other
+// blocks is one register-blocked product (mm), and only the substitution inside the block runs
+// row by row. Each row's block of columns (64 where vp allows, else 16; vp is a multiple of 16)
+// stays in registers over that substitution. (Row by row over the whole chunk, the 4 vector
+// chains of a row's sum were FMA-latency bound: the solves were 7.6% of a forward profile.)
 //
-// Ṽ_r = β_r (R_r - sum_{i<r} M_ri Ṽ_i) for r < cn: (I + Diag(β) M) Ṽ = Diag(β) R.
+// Ṽ_r = β_r (R_r - T_r - sum_{r0<=i<r} M_ri Ṽ_i) for r in [r0, r1), with T (rows from r0) the
+// earlier blocks' part: (I + Diag(β) M) Ṽ = Diag(β) R.
 template <int W, int N>
-MYRIAD_CPU_CLONES void solve_lower_cols(int64_t cn, int64_t cp, int64_t vp, int64_t j0,
+MYRIAD_CPU_CLONES void solve_lower_cols(int64_t r0, int64_t r1, int64_t cp, int64_t vp, int64_t j0,
                                         const float* __restrict M, const float* __restrict beta,
-                                        const float* __restrict R, float* __restrict Vt) {
+                                        const float* __restrict R, const float* __restrict T,
+                                        float* __restrict Vt) {
   using V = typename Lanes<W>::F;
-  for (int64_t r = 0; r < cn; ++r) {
-    V acc[N];
+  for (int64_t r = r0; r < r1; ++r) {
+    V acc[N], t[N];
     std::memcpy(acc, R + r * vp + j0, sizeof acc);
-    for (int64_t i = 0; i < r; ++i) {
+    std::memcpy(t, T + (r - r0) * vp + j0, sizeof t);
+    for (int v = 0; v < N; ++v) acc[v] -= t[v];
+    for (int64_t i = r0; i < r; ++i) {
       const float m = M[r * cp + i];
       for (int v = 0; v < N; ++v) {
         V x;
@@ -320,16 +354,18 @@ MYRIAD_CPU_CLONES void solve_lower_cols(int64_t cn, int64_t cp, int64_t vp, int6
   }
 }
 
-// The transposed system (I + Diag(β) M)^T X = Y for r < cn, by back substitution.
+// The transposed system (I + Diag(β) M)^T X = Y by back substitution, inside rows [r0, r1)
+// whose X rows already hold Y_r + sum_{i >= r1} M_ir nDR_i; also nDR_r = -β_r X_r.
 template <int W, int N>
-MYRIAD_CPU_CLONES void solve_upper_t_cols(int64_t cn, int64_t cp, int64_t vp, int64_t j0,
-                                          const float* __restrict M, const float* __restrict beta,
-                                          const float* __restrict Y, float* __restrict X) {
+MYRIAD_CPU_CLONES void solve_upper_t_cols(int64_t r0, int64_t r1, int64_t cp, int64_t vp,
+                                          int64_t j0, const float* __restrict M,
+                                          const float* __restrict beta, float* __restrict X,
+                                          float* __restrict nDR) {
   using V = typename Lanes<W>::F;
-  for (int64_t r = cn - 1; r >= 0; --r) {
+  for (int64_t r = r1 - 1; r >= r0; --r) {
     V acc[N];
-    std::memcpy(acc, Y + r * vp + j0, sizeof acc);
-    for (int64_t i = r + 1; i < cn; ++i) {
+    std::memcpy(acc, X + r * vp + j0, sizeof acc);
+    for (int64_t i = r + 1; i < r1; ++i) {
       const float l = beta[i] * M[i * cp + r];
       for (int v = 0; v < N; ++v) {
         V x;
@@ -338,26 +374,45 @@ MYRIAD_CPU_CLONES void solve_upper_t_cols(int64_t cn, int64_t cp, int64_t vp, in
       }
     }
     std::memcpy(X + r * vp + j0, acc, sizeof acc);
+    for (int v = 0; v < N; ++v) acc[v] *= -beta[r];
+    std::memcpy(nDR + r * vp + j0, acc, sizeof acc);
   }
 }
 
+// Ṽ for rows < cn, with T a [16, vp] scratch block.
 void solve_lower(int64_t cn, int64_t cp, int64_t vp, const float* M, const float* beta,
-                 const float* R, float* Vt) {
-  with_lanes([&](auto w) {
-    constexpr int W = decltype(w)::value;
-    int64_t j0 = 0;
-    for (; j0 + 64 <= vp; j0 += 64) solve_lower_cols<W, 64 / W>(cn, cp, vp, j0, M, beta, R, Vt);
-    for (; j0 < vp; j0 += 16) solve_lower_cols<W, 16 / W>(cn, cp, vp, j0, M, beta, R, Vt);
-  });
+                 const float* R, float* T, float* Vt) {
+  for (int64_t r0 = 0; r0 < cn; r0 += kBlk) {
+    const int64_t r1 = std::min(cn, r0 + kBlk);
+    if (r0 > 0)
+      mm(kBlk, vp, r0, &M[r0 * cp], cp, 1, Vt, vp, T, vp, false);
+    else
+      std::fill(T, T + kBlk * vp, 0.0f);
+    with_lanes([&](auto w) {
+      constexpr int W = decltype(w)::value;
+      int64_t j0 = 0;
+      for (; j0 + 64 <= vp; j0 += 64)
+        solve_lower_cols<W, 64 / W>(r0, r1, cp, vp, j0, M, beta, R, T, Vt);
+      for (; j0 < vp; j0 += 16) solve_lower_cols<W, 16 / W>(r0, r1, cp, vp, j0, M, beta, R, T, Vt);
+    });
+  }
 }
+// X and nDR = -β X for rows < cn from Y = dṼ (X's rows >= cn are left as they are).
 void solve_upper_t(int64_t cn, int64_t cp, int64_t vp, const float* M, const float* beta,
-                   const float* Y, float* X) {
-  with_lanes([&](auto w) {
-    constexpr int W = decltype(w)::value;
-    int64_t j0 = 0;
-    for (; j0 + 64 <= vp; j0 += 64) solve_upper_t_cols<W, 64 / W>(cn, cp, vp, j0, M, beta, Y, X);
-    for (; j0 < vp; j0 += 16) solve_upper_t_cols<W, 16 / W>(cn, cp, vp, j0, M, beta, Y, X);
-  });
+                   const float* Y, float* X, float* nDR) {
+  for (int64_t r0 = (cn - 1) / kBlk * kBlk; r0 >= 0; r0 -= kBlk) {
+    const int64_t r1 = std::min(cn, r0 + kBlk);
+    std::memcpy(X + r0 * vp, Y + r0 * vp, (r1 - r0) * vp * sizeof(float));
+    if (r1 < cn)  // X_r += sum_{i >= r1} M_ir nDR_i, over the whole 16-row block
+      mm(kBlk, vp, cn - r1, &M[r1 * cp + r0], 1, cp, &nDR[r1 * vp], vp, &X[r0 * vp], vp, true);
+    with_lanes([&](auto w) {
+      constexpr int W = decltype(w)::value;
+      int64_t j0 = 0;
+      for (; j0 + 64 <= vp; j0 += 64)
+        solve_upper_t_cols<W, 64 / W>(r0, r1, cp, vp, j0, M, beta, X, nDR);
+      for (; j0 < vp; j0 += 16) solve_upper_t_cols<W, 16 / W>(r0, r1, cp, vp, j0, M, beta, X, nDR);
+    });
+  }
 }
 
 // Per row of the chunk: dQ (before the scale), dK and dG from the products and pair terms
@@ -428,16 +483,19 @@ struct Work {
   // [16, Kp] each, or [pairs, 16, Kp] (per block pair (a, b <= a) of the chunk) when kept for
   // the backward's pair gradients (the forward keeps one slot: with all of them it ran 0.95x)
   std::vector<float> EL, KL, QL;
-  bool keep_left;
+  // For the backward: keeps the left factors of every block pair, and writes the buffers only
+  // the backward reads (Gam and Ed of every row, EL, ER, ED).
+  bool backward;
   // [Cp, Vp]
   std::vector<float> Vv, R, Vt, O;
+  std::vector<float> Tb;  // [16, Vp]: the solve's block of products
   // [Cp, Cp]
   std::vector<float> M, P;
   std::vector<float> beta, S;  // [Cp], [Kp, Vp]
   bool factor = false;         // every gate of the chunk is <= 0: factorised blocks
   std::vector<int64_t> mid;    // per block: the diagonal reference row, or -1 for a direct block
 
-  Work(const KdaArgs& a, bool keep_left) : keep_left(keep_left) {
+  Work(const KdaArgs& a, bool backward) : backward(backward) {
     const Shape& s = a.q.shape();
     B = s[0], T = s[1], H = s[2], K = s[3], V = a.v.size(3), C = a.chunk;
     NC = (T + C - 1) / C;
@@ -448,9 +506,9 @@ struct Work {
     for (auto* b : {&KT, &GT, &LT, &KRT, &KDT}) b->assign(Kp * Cp, 0.0f);
     mid.assign(Cp / kBlk, -1);
     const int64_t nb = Cp / kBlk;
-    for (auto* b : {&EL, &KL, &QL})
-      b->assign((keep_left ? nb * (nb + 1) / 2 : 1) * kBlk * Kp, 0.0f);
+    for (auto* b : {&EL, &KL, &QL}) b->assign((backward ? nb * (nb + 1) / 2 : 1) * kBlk * Kp, 0.0f);
     for (auto* b : {&Vv, &R, &Vt, &O}) b->assign(Cp * Vp, 0.0f);
+    Tb.assign(kBlk * Vp, 0.0f);
     for (auto* b : {&M, &P}) b->assign(Cp * Cp, 0.0f);
     beta.assign(Cp, 0.0f);
     S.assign(Kp * Vp, 0.0f);
@@ -469,7 +527,7 @@ struct Work {
     const float *el, *kl, *ql, *er, *kr, *krt;
   };
   int64_t slot(int64_t r0, int64_t i0) const {
-    if (!keep_left) return 0;
+    if (!backward) return 0;
     const int64_t a = r0 / kBlk;
     return (a * (a + 1) / 2 + i0 / kBlk) * kBlk * Kp;
   }
@@ -482,7 +540,7 @@ struct Work {
   Factors left(int64_t r0, int64_t r1, int64_t i0) {
     const int64_t ref = (i0 == r0 ? mid[r0 / kBlk] : i0 + kBlk - 1) * Kp, at = slot(r0, i0);
     left_factors(r0, r1 - r0, Kp, Q.data(), Kc.data(), G.data(), Gl.data(), &G[ref], &Gl[ref],
-                 &EL[at], &KL[at], &QL[at]);
+                 backward ? &EL[at] : nullptr, &KL[at], &QL[at]);
     return factors(r0, i0);
   }
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
@@ -505,20 +563,20 @@ struct Work {
     for (int64_t r = 0; r < cn; ++r) beta[r] = a.beta.data<float>()[(b * T + t0 + r) * H + h];
     factor = no_positive(G.data(), cn * Kp);  // (the zero padding does not change the answer)
     cumsum2(cn, Kp, G.data(), Gl.data());
-    decays(cn, Kp, Q.data(), Kc.data(), G.data(), Gl.data(), Gam.data(), Ed.data(), Qg.data(),
-           Kg.data(), Kd.data());
+    decays(cn, Kp, backward, Q.data(), Kc.data(), G.data(), Gl.data(), Gam.data(), Ed.data(),
+           Qg.data(), Kg.data(), Kd.data());
     if (factor)
       for (int64_t i0 = 0; i0 < cn; i0 += kBlk) {
         const int64_t i1 = std::min(cn, i0 + kBlk), last = (i1 - 1) * Kp;
-        right_factors(i0, i1, Kp, Kc.data(), G.data(), Gl.data(), &G[last], &Gl[last], ER.data(),
-                      KR.data());
+        right_factors(i0, i1, Kp, Kc.data(), G.data(), Gl.data(), &G[last], &Gl[last],
+                      backward ? ER.data() : nullptr, KR.data());
         float span = 0.0f;
         for (int64_t d = 0; d < K; ++d) span = std::max(span, G[i0 * Kp + d] - G[last + d]);
         const int64_t m = (i0 + i1 - 1) / 2;
         mid[i0 / kBlk] = span <= 80.0f ? m : -1;
         if (span <= 80.0f)
           right_factors(i0, i1, Kp, Kc.data(), G.data(), Gl.data(), &G[m * Kp], &Gl[m * Kp],
-                        ED.data(), KD.data());
+                        backward ? ED.data() : nullptr, KD.data());
       }
     if (factor) {
       transpose(KR.data(), Cp, Kp, Kp, KRT.data(), Cp);
@@ -555,7 +613,7 @@ struct Work {
     mm(Cp, Vp, K, Kg.data(), Kp, 1, S.data(), Vp, R.data(), Vp, false);
     rsub(Cp * Vp, Vv.data(), R.data());
     if (cn < Cp) std::fill(Vt.begin(), Vt.end(), 0.0f);
-    solve_lower(cn, Cp, Vp, M.data(), beta.data(), R.data(), Vt.data());
+    solve_lower(cn, Cp, Vp, M.data(), beta.data(), R.data(), Tb.data(), Vt.data());
   }
 };
 
@@ -638,8 +696,8 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         mm(Cp, Vp, K, w.Kd.data(), Kp, 1, dS.data(), Vp, dVt.data(), Vp, true);
         // (I + L)^T X = dṼ with L_ir = β_i M_ir; nDR = -β X.
         std::fill(X.begin(), X.end(), 0.0f);
-        solve_upper_t(cn, Cp, Vp, w.M.data(), w.beta.data(), dVt.data(), X.data());
-        scale_rows(Cp, Vp, w.beta.data(), X.data(), nDR.data(), false, -1.0f);
+        solve_upper_t(cn, Cp, Vp, w.M.data(), w.beta.data(), dVt.data(), X.data(), nDR.data());
+        std::fill(nDR.begin() + cn * Vp, nDR.end(), 0.0f);
         // DOS = dO S^T, VDS = Ṽ dS'^T, NRS = -dR S^T.
         transpose(w.S.data(), Kp, Vp, Vp, ST.data(), Kp);
         transpose(dS.data(), Kp, Vp, Vp, dST.data(), Kp);
