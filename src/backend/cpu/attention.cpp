@@ -20,6 +20,7 @@
 #include "backend/cpu/amx.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/rows.h"
+#include "backend/cpu/scratch.h"
 #include "ops/attention.h"
 
 namespace myriad::cpu {
@@ -342,12 +343,13 @@ void forward(const AttentionParams& p, const Geometry& g, const View4& Q, const 
     const int64_t nkt = (key_end + kTile - 1) / kTile;
     const int64_t kt0 = nkt * split / splits, kt1 = nkt * (split + 1) / splits;
     const int64_t Rp = round16(R);
-    std::vector<float> qt(amx ? 0 : g.Dk * kTile), kb(amx ? 0 : kTile * g.Dk),
-        vb(amx ? 0 : kTile * g.Dvp), st(kTile * kTile), o(kTile * g.Dvp), m(kTile, -kInf),
-        l(kTile, 0.0f), corr(kTile), tmp(g.Dk), bb(kTile);
+    int slot = 0;  // tiles on different lines modulo 4 KiB (scratch.h)
+    Scratch<float> qt(amx ? 0 : g.Dk * kTile, slot), kb(amx ? 0 : kTile * g.Dk, slot),
+        vb(amx ? 0 : kTile * g.Dvp, slot), st(kTile * kTile, slot), o(kTile * g.Dvp, slot),
+        m(kTile, slot, -kInf), l(kTile, slot), corr(kTile, slot), tmp(g.Dk, slot), bb(kTile, slot);
     // AMX operands: the query tile transposed (pairs), a key tile's rows, P transposed, V (pairs).
-    std::vector<uint16_t> bq(amx ? Dk32 * Rp : 0), ka(amx ? kTile * Dk32 : 0),
-        pa(amx ? kTile * kTile : 0), bv(amx ? kTile * g.Dvp : 0);
+    Scratch<uint16_t> bq(amx ? Dk32 * Rp : 0, slot), ka(amx ? kTile * Dk32 : 0, slot),
+        pa(amx ? kTile * kTile : 0, slot), bv(amx ? kTile * g.Dvp : 0, slot);
     std::vector<const uint16_t*> rows(amx ? kTile : 0);
     // The query tile transposed and scaled: qt[d·64 + r] (AMX: unscaled, as pairs, the scale
     // applied to the f32 scores). Padding rows see no key.
@@ -514,16 +516,18 @@ void attention_backward_cpu(const AttentionParams& p, const Tensor& q, const Ten
   auto run = [&](int64_t item, int64_t slice) {
     const int64_t b = item / g.Hkv, hk = item % g.Hkv;
     const int64_t nf = amx ? 0 : 1;  // the f32 path's buffers
-    std::vector<float> kt(nf * g.Dkp * kTile), kr(nf * kTile * g.Dkp), vt(nf * g.Dvp * kTile),
-        qb(nf * kTile * g.Dkp), ob(nf * kTile * g.Dvp), s(kTile * kTile), dp(kTile * kTile),
-        dk_acc(kTile * g.Dkp), dv_acc(kTile * g.Dvp), tmp(g.Dvp), bb(kTile);
+    int slot = 0;                    // tiles on different lines modulo 4 KiB (scratch.h)
+    Scratch<float> kt(nf * g.Dkp * kTile, slot), kr(nf * kTile * g.Dkp, slot),
+        vt(nf * g.Dvp * kTile, slot), qb(nf * kTile * g.Dkp, slot), ob(nf * kTile * g.Dvp, slot),
+        s(kTile * kTile, slot), dp(kTile * kTile, slot), dk_acc(kTile * g.Dkp, slot),
+        dv_acc(kTile * g.Dvp, slot), tmp(g.Dvp, slot), bb(kTile, slot);
     // AMX operands: per key tile Kᵀ and Vᵀ (pairs over d), K (pairs over keys); per row tile the
     // q and dout rows, and both as pairs over rows; P, dS transposed and dS.
     const int64_t na = amx ? 1 : 0;
-    std::vector<uint16_t> bkt(na * Dk32 * kTile), bvt(na * Dv32 * kTile), bk(na * kTile * g.Dkp),
-        qa(na * kTile * Dk32), oa(na * kTile * Dv32), bq(na * kTile * g.Dkp),
-        bo(na * kTile * g.Dvp), pt(na * kTile * kTile), dst(na * kTile * kTile),
-        dsa(na * kTile * kTile);
+    Scratch<uint16_t> bkt(na * Dk32 * kTile, slot), bvt(na * Dv32 * kTile, slot),
+        bk(na * kTile * g.Dkp, slot), qa(na * kTile * Dk32, slot), oa(na * kTile * Dv32, slot),
+        bq(na * kTile * g.Dkp, slot), bo(na * kTile * g.Dvp, slot), pt(na * kTile * kTile, slot),
+        dst(na * kTile * kTile, slot), dsa(na * kTile * kTile, slot);
     std::vector<const uint16_t*> krows(na * kTile), vrows(na * kTile), qrows(na * kTile),
         orows(na * kTile);
     std::optional<AmxTiles> tiles;

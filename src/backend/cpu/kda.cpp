@@ -15,14 +15,13 @@
 // and the pairwise terms of M and P (with E_ri = exp(G_r - G_i)) give dK, dQ and dG; dg is the
 // reverse in-chunk cumsum of dG.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/rows.h"
+#include "backend/cpu/scratch.h"
 #include "ops/kda.h"
 
 namespace myriad::cpu {
@@ -474,36 +473,8 @@ MYRIAD_CPU_CLONES void rsub(int64_t n, const float* __restrict a, float* __restr
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] - y[i];
 }
 
-// A zeroed f32 buffer of n values whose start lies (5 slot mod 64) cache lines past a 4 KiB
-// boundary, so that up to 64 buffers all start on different lines modulo 4 KiB (consecutive ones
-// 5 lines apart). The passes read some buffers and write others at the same index; the separate
-// std::vectors they were before started 16 bytes apart modulo 4 KiB, and a load then waited for
-// an unrelated earlier store whose address matched in its low 12 bits (4K aliasing): the
-// staggered buffers ran the forward 1.22x and forward+backward 1.25x faster.
-class Buf {
- public:
-  Buf() = default;
-  Buf(int64_t n, int& slot) : n_(n) {
-    const int64_t off = (slot++ * 5 % 64) * 16;
-    const size_t bytes = ((n + off) * sizeof(float) + 4095) / 4096 * 4096;
-    mem_.reset(static_cast<float*>(std::aligned_alloc(4096, bytes)));
-    MYRIAD_CHECK(mem_ != nullptr, "kda: out of memory for a ", bytes, "-byte work buffer");
-    p_ = mem_.get() + off;
-    std::fill(p_, p_ + n, 0.0f);
-  }
-  float* data() const { return p_; }
-  float* begin() const { return p_; }
-  float* end() const { return p_ + n_; }
-  float& operator[](int64_t i) const { return p_[i]; }
-
- private:
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-  std::unique_ptr<float, Free> mem_;
-  float* p_ = nullptr;
-  int64_t n_ = 0;
-};
+// Work buffers start on different cache lines modulo 4 KiB (scratch.h).
+using Buf = Scratch<float>;
 
 // One thread's buffers for one (batch, head) at a time.
 struct Work {
