@@ -390,7 +390,13 @@ TEST(DataParallel, SharedCompletionsEqualOneProcess) {
 }
 
 // Without the deterministic order the gradients are accumulated locally and reduce-scattered:
-// the sums round differently, within 1e-6 relative over the first steps.
+// the sums round differently. The losses stay within 1e-6 relative over the first steps; the
+// weights within 3e-5 of each tensor's largest value. Adam divides each update by the gradient's
+// own scale, so a gradient near zero carries a rounding difference into its weight at full size:
+// most tensors differ by 1e-6 to 6e-6 after three steps, the MoE router's gate by the most
+// (5.7e-6, and 1.15e-5 once KDA's triangular solves were blocked and summed in another order, in
+// the sanitizer build). One rank's gradients left out of the sum (planted: rank 1 sending zeros)
+// moved the losses by 5e-4 to 3e-3 and every weight tensor that trains by 7e-3 or more.
 TEST(DataParallel, ReduceScatterWithinTolerance) {
   OneThread one;
   const std::string text = recipe(3, 0, "deterministic = false\n");
@@ -404,7 +410,7 @@ TEST(DataParallel, ReduceScatterWithinTolerance) {
       if (rel > 1e-6) d.push_back(cat("step ", i + 1, ": loss relative difference ", rel));
     }
     for (const auto& [name, t] : ref.weights)
-      if (const double r = max_rel(dp.weights.at(name), t); r > 1e-5)
+      if (const double r = max_rel(dp.weights.at(name), t); r > 3e-5)
         d.push_back(cat(name, ": max relative difference ", r));
   }
   world().barrier("compare");

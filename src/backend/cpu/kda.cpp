@@ -327,7 +327,7 @@ void decays(int64_t cn, int64_t kp, bool all, const float* Q, const float* Kc, c
 // blocks is one register-blocked product (mm), and only the substitution inside the block runs
 // row by row. Each row's block of columns (64 where vp allows, else 16; vp is a multiple of 16)
 // stays in registers over that substitution. (Row by row over the whole chunk, the 4 vector
-// chains of a row's sum were FMA-latency bound: the solves were 7.6% of a forward profile.)
+// chains of a row's sum were FMA-latency bound: 6.4% of a forward profile's samples.)
 //
 // Ṽ_r = β_r (R_r - T_r - sum_{r0<=i<r} M_ri Ṽ_i) for r in [r0, r1), with T (rows from r0) the
 // earlier blocks' part: (I + Diag(β) M) Ṽ = Diag(β) R.

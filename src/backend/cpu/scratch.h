@@ -23,8 +23,9 @@ class Scratch {
   Scratch() = default;
   Scratch(int64_t n, int& slot, T init = T{}) : n_(n) {
     const int64_t off = (slot++ * 5 % 64) * 64;  // bytes
+    if (n == 0) return;                          // (data() is null, as for an empty vector)
     const size_t bytes = (off + n * sizeof(T) + 4095) / 4096 * 4096;
-    mem_.reset(static_cast<char*>(std::aligned_alloc(4096, std::max<size_t>(bytes, 4096))));
+    mem_.reset(static_cast<char*>(std::aligned_alloc(4096, bytes)));
     MYRIAD_CHECK(mem_ != nullptr, "out of memory for a ", bytes, "-byte scratch buffer");
     p_ = reinterpret_cast<T*>(mem_.get() + off);
     std::fill(p_, p_ + n, init);
