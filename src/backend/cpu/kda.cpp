@@ -703,8 +703,8 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
              &dVt[i0 * Vp], Vp, false);
         mm(Cp, Vp, K, w.Kd.data(), Kp, 1, dS.data(), Vp, dVt.data(), Vp, true);
         // (I + L)^T X = dṼ with L_ir = β_i M_ir; nDR = -β X.
-        std::fill(X.begin(), X.end(), 0.0f);
         solve_upper_t(cn, Cp, Vp, w.M.data(), w.beta.data(), dVt.data(), X.data(), nDR.data());
+        // X's rows >= cn only reach XV rows nothing reads; nDR's enter products over Cp rows.
         std::fill(nDR.begin() + cn * Vp, nDR.end(), 0.0f);
         // DOS = dO S^T, VDS = Ṽ dS'^T, NRS = -dR S^T.
         transpose(w.S.data(), Kp, Vp, Vp, ST.data(), Kp);

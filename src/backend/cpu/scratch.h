@@ -1,6 +1,6 @@
 // Scratch buffers for a CPU kernel's per-thread tiles, each starting on its own cache line
 // modulo 4 KiB. A kernel's passes read some tiles and write others at the same index; tiles
-// allocated one after another as std::vectors of equal size start 16 bytes apart modulo 4 KiB,
+// of 16 KiB allocated one after another as std::vectors start 16 bytes apart modulo 4 KiB,
 // and a load then waits for an unrelated earlier store whose address matches it in the low 12
 // bits (4K aliasing). In the KDA chunk kernel that cost the forward 1.22x and forward+backward
 // 1.25x (docs/PERFORMANCE.md).
