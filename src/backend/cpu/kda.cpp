@@ -5,7 +5,8 @@
 // is kept as an f32 pair (two-sum), so its differences stay accurate when a strongly negative
 // gate makes |G| large; the decay matrices are built per 16 x 16 block, as products through a
 // reference row where that is safe and from masked exponentials of differences elsewhere (see
-// "pair sums" below), so nothing overflows whatever the gate.
+// "pair sums" below), so nothing overflows whatever the gate. With bf16 inputs on an AMX CPU
+// the larger products run on the tile unit instead (bf16 operands, f32 sums; see bmm).
 //
 // Backward, per chunk in reverse, from the saved state S entering it and dS' = dL/d(S after it):
 //   Ṽ = (I + L)^-1 Diag(β) R with R = V - Kg S;  O = Qg S + P Ṽ;  S' = Γ_C S + Kd^T Ṽ
@@ -16,12 +17,17 @@
 // reverse in-chunk cumsum of dG.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/amx.h"
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/rows.h"
 #include "backend/cpu/scratch.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include "ops/kda.h"
 
 namespace myriad::cpu {
@@ -77,6 +83,93 @@ void mm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t sai, int64_t s
   } else {
     mm_w<8, 4, 2>(m, 0, n, kk, a, sai, sap, b, ldb, c, ldc, acc);
   }
+}
+
+// ---- bf16 products on the AMX tile unit ----
+// With bf16 inputs (bf16 training) on an AMX CPU, the chunk's products against the state, the
+// state update, P Ṽ, the factorised M and P blocks, and the backward's products of dO, dS', Ṽ,
+// X and nDR run as bf16 tile products with f32 sums, as bf16 kernels on GPUs do. The
+// decays and factors, the triangular solves and the pair gradients stay in f32. Operands are
+// rounded from the f32 tiles as each product needs them.
+int64_t pad32(int64_t n) {
+  return (n + 31) / 32 * 32;
+}
+// dst[i, :kp] = bf16 of src[i lds + p] for p < kk, zero from kk to kp (a multiple of 16), for
+// i < m (row-major bf16). The kernel's rows are short (16 to 64): the shared row converter's
+// per-row calls were 12% of a profile, its vectorised integer rounding here 7%. AMX CPUs have
+// AVX512-BF16 (its rounding reads subnormals as zero, as the kernel's FlushSubnormals does).
+#if defined(__x86_64__)
+#define MYRIAD_BF16_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16")))
+MYRIAD_BF16_TARGET void to_bf16_rows(const float* __restrict src, int64_t lds, int64_t m,
+                                     int64_t kk, uint16_t* __restrict dst, int64_t kp) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float* s = src + i * lds;
+    uint16_t* d = dst + i * kp;
+    int64_t p = 0;
+    for (; p + 16 <= kk; p += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + p),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(s + p))));
+    if (p < kk) {
+      const __mmask16 live = static_cast<__mmask16>((1u << (kk - p)) - 1);
+      _mm256_storeu_si256(
+          reinterpret_cast<__m256i*>(d + p),
+          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, s + p))));
+      p += 16;
+    }
+    for (; p < kp; p += 16) _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + p), __m256i{});
+  }
+}
+// dst = VNNI pairs of bf16(B) (amx.h), B[p, j] = b[p ldb + j] for p < kk, j < n (a multiple of
+// 16), with zero rows from kk up to pad32(kk): [pad32(kk) / 2, 2 n].
+MYRIAD_BF16_TARGET void pack_b(const float* __restrict b, int64_t ldb, int64_t kk, int64_t n,
+                               uint16_t* dst) {
+  for (int64_t p = 0; p < pad32(kk); p += 2) {
+    uint32_t* dp = reinterpret_cast<uint32_t*>(dst) + p / 2 * n;
+    for (int64_t j = 0; j < n; j += 16) {
+      const __m512 lo = p < kk ? _mm512_loadu_ps(b + p * ldb + j) : _mm512_setzero_ps();
+      const __m512 hi = p + 1 < kk ? _mm512_loadu_ps(b + (p + 1) * ldb + j) : _mm512_setzero_ps();
+      // (the maskz forms: GCC 12 warns that the plain ones' undefined source is uninitialised)
+      const __m512i l =
+          _mm512_maskz_cvtepu16_epi32(0xffff, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo)));
+      const __m512i h =
+          _mm512_maskz_cvtepu16_epi32(0xffff, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(hi)));
+      _mm512_storeu_si512(dp + j, _mm512_or_si512(l, _mm512_maskz_slli_epi32(0xffff, h, 16)));
+    }
+  }
+}
+bool has_avx512_bf16() {  // (every AMX CPU so far has it)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#else  // (no AMX: never called)
+void to_bf16_rows(const float*, int64_t, int64_t, int64_t, uint16_t*, int64_t) {}
+void pack_b(const float*, int64_t, int64_t, int64_t, uint16_t*) {}
+bool has_avx512_bf16() {
+  return false;
+}
+#endif
+// The same pairs for B[p, j] = src[j lds + p] (B transposed; p < kk, j < n, n a multiple of 16):
+// each source row in bf16 is a row of 32-bit pair words, and the pair rows are their transpose
+// (as an f32 transpose: moves only). tmp: [n, pad32(kk) / 2] words.
+void pack_bt(const float* src, int64_t lds, int64_t kk, int64_t n, uint16_t* dst, float* tmp) {
+  const int64_t kp = pad32(kk);
+  to_bf16_rows(src, lds, n, kk, reinterpret_cast<uint16_t*>(tmp), kp);
+  transpose(tmp, n, kp / 2, kp / 2, reinterpret_cast<float*>(dst), n);
+}
+// c[m, n] = (acc ? c : 0) + A B with A(i, p) = a[i sai + p sap] (sai or sap is 1) rounded to bf16
+// into la ([m, pad32(kk)]; a transposed A goes through the f32 scratch tmp, [m, pad16(kk)], and
+// its source must be readable over pad16(kk) rows), and B given as pack_b's pairs (ldb elements
+// apart: 2 n for a whole packed B).
+void bmm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t sai, int64_t sap,
+         const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool acc, uint16_t* la,
+         float* tmp) {
+  const int64_t kp = pad32(kk);
+  if (sap != 1) {
+    transpose(a, pad16(kk), m, sap, tmp, pad16(kk));
+    a = tmp, sai = pad16(kk);
+  }
+  to_bf16_rows(a, sai, m, kk, la, kp);
+  amx_gemm(m, n, kp, la, kp, b, ldb, c, ldc, acc);
 }
 
 // Rows of n values, `stride` elements apart in a contiguous f32 or bf16 tensor (from element
@@ -495,8 +588,14 @@ struct Work {
   Buf Tb;  // [16, Vp]: the solve's block of products
   // [Cp, Cp]
   Buf M, P;
-  Buf beta, S;               // [Cp], [Kp, Vp]
-  int buffers = 0;           // Bufs made so far (the next one's slot)
+  Buf beta, S;      // [Cp], [Kp, Vp]
+  int buffers = 0;  // Bufs made so far (the next one's slot)
+  // bf16 inputs on an AMX CPU: the 64-deep products on the tile unit (see bmm), with an A
+  // operand buffer, its f32 transpose scratch, and the pairs of S, Ṽ, KR^T and KD^T.
+  bool lowp = false;
+  int64_t Lk = 0, Ln = 0;  // pad32 of the largest inner size, the largest row count
+  Scratch<uint16_t> LA, LS, LV, LKR, LKD;
+  Buf LF;
   bool factor = false;       // every gate of the chunk is <= 0: factorised blocks
   std::vector<int64_t> mid;  // per block: the diagonal reference row, or -1 for a direct block
 
@@ -518,6 +617,20 @@ struct Work {
     for (Buf* b : {&M, &P}) *b = Buf(Cp * Cp, buffers);
     beta = Buf(Cp, buffers);
     S = Buf(Kp * Vp, buffers);
+    lowp = a.q.dtype() == DType::BF16 && a.k.dtype() == DType::BF16 && a.v.dtype() == DType::BF16 &&
+           amx_bf16() && has_avx512_bf16();
+    if (lowp) {
+      Ln = std::max({Cp, Kp, Vp}), Lk = pad32(Ln);
+      // (LA and LF also hold the M, P blocks' [32, Lk] operand and [32, 16] sums)
+      LA = Scratch<uint16_t>(std::max(Ln, 2 * kBlk) * Lk, buffers);
+      for (Scratch<uint16_t>* b : {&LS, &LV, &LKR, &LKD}) *b = Scratch<uint16_t>(Ln * Lk, buffers);
+      LF = Buf(std::max(Ln * Ln, 2 * kBlk * kBlk), buffers);
+    }
+  }
+  // bmm with this thread's A buffers.
+  void lmm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t sai, int64_t sap,
+           const uint16_t* b, float* c, int64_t ldc, bool acc) {
+    bmm(m, n, kk, a, sai, sap, b, 2 * n, c, ldc, acc, LA.data(), LF.data());
   }
   int64_t row_qk(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * K; }
   int64_t row_v(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * V; }
@@ -547,6 +660,10 @@ struct Work {
     const int64_t ref = (i0 == r0 ? mid[r0 / kBlk] : i0 + kBlk - 1) * Kp, at = slot(r0, i0);
     left_factors(r0, r1 - r0, Kp, Q.data(), Kc.data(), G.data(), Gl.data(), &G[ref], &Gl[ref],
                  backward ? &EL[at] : nullptr, &KL[at], &QL[at]);
+    if (lowp) {  // [KL; QL] in bf16 for the tile unit
+      to_bf16_rows(&KL[at], Kp, kBlk, K, LA.data(), pad32(K));
+      to_bf16_rows(&QL[at], Kp, kBlk, K, LA.data() + kBlk * pad32(K), pad32(K));
+    }
     return factors(r0, i0);
   }
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
@@ -584,7 +701,10 @@ struct Work {
           right_factors(i0, i1, Kp, Kc.data(), G.data(), Gl.data(), &G[m * Kp], &Gl[m * Kp],
                         backward ? ED.data() : nullptr, KD.data());
       }
-    if (factor) {
+    if (factor && lowp) {  // the M, P blocks on the tile unit: KR^T and KD^T as pairs
+      pack_bt(KR.data(), Kp, K, Cp, LKR.data(), LF.data());
+      pack_bt(KD.data(), Kp, K, Cp, LKD.data(), LF.data());
+    } else if (factor) {
       transpose(KR.data(), Cp, Kp, Kp, KRT.data(), Cp);
       transpose(KD.data(), Cp, Kp, Kp, KDT.data(), Cp);
     }
@@ -605,8 +725,18 @@ struct Work {
           continue;
         }
         const Factors f = left(r0, r1, i0);
-        mm(kBlk, kBlk, K, f.kl, Kp, 1, f.krt, Cp, &M[r0 * Cp + i0], Cp, false);
-        mm(kBlk, kBlk, K, f.ql, Kp, 1, f.krt, Cp, &P[r0 * Cp + i0], Cp, false);
+        if (lowp) {  // [KL; QL] against the block's column: M's block, then P's
+          const uint16_t* rt = (i0 == r0 ? LKD.data() : LKR.data()) + 2 * i0;
+          const int64_t kp = pad32(K);  // (left() wrote [KL; QL] to LA in bf16)
+          amx_gemm(2 * kBlk, kBlk, kp, LA.data(), kp, rt, 2 * Cp, LF.data(), kBlk, false);
+          for (int64_t r = 0; r < kBlk; ++r) {
+            std::memcpy(&M[(r0 + r) * Cp + i0], &LF[r * kBlk], kBlk * sizeof(float));
+            std::memcpy(&P[(r0 + r) * Cp + i0], &LF[(kBlk + r) * kBlk], kBlk * sizeof(float));
+          }
+        } else {
+          mm(kBlk, kBlk, K, f.kl, Kp, 1, f.krt, Cp, &M[r0 * Cp + i0], Cp, false);
+          mm(kBlk, kBlk, K, f.ql, Kp, 1, f.krt, Cp, &P[r0 * Cp + i0], Cp, false);
+        }
         if (i0 == r0)  // clear the non-causal half of a diagonal block
           for (int64_t r = r0; r < r0 + kBlk; ++r)
             for (int64_t i = r; i < r0 + kBlk; ++i) {
@@ -616,7 +746,12 @@ struct Work {
       }
     }
     // R = V - Kg S; Ṽ_r = β_r (R_r - sum_{i<r} M_ri Ṽ_i).
-    mm(Cp, Vp, K, Kg.data(), Kp, 1, S.data(), Vp, R.data(), Vp, false);
+    if (lowp) {  // (the forward's O = Qg S reuses S's pairs)
+      pack_b(S.data(), Vp, K, Vp, LS.data());
+      lmm(Cp, Vp, K, Kg.data(), Kp, 1, LS.data(), R.data(), Vp, false);
+    } else {
+      mm(Cp, Vp, K, Kg.data(), Kp, 1, S.data(), Vp, R.data(), Vp, false);
+    }
     rsub(Cp * Vp, Vv.data(), R.data());
     if (cn < Cp) std::fill(Vt.begin(), Vt.end(), 0.0f);
     solve_lower(cn, Cp, Vp, M.data(), beta.data(), R.data(), Tb.data(), Vt.data());
@@ -634,6 +769,8 @@ void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
   parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
     FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
     Work w(a, false);
+    std::optional<AmxTiles> tiles;
+    if (w.lowp) tiles.emplace();
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / w.H, h = bh % w.H;
       std::fill(w.S.begin(), w.S.end(), 0.0f);
@@ -649,15 +786,25 @@ void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
         }
         w.chunk(a, b, h, t0, cn);
         // O = Qg S + P Ṽ
-        mm(w.Cp, w.Vp, w.K, w.Qg.data(), w.Kp, 1, w.S.data(), w.Vp, w.O.data(), w.Vp, false);
-        for (int64_t r0 = 0; r0 < cn; r0 += kBlk)  // P is lower triangular: Ṽ rows < r0 + 16
-          mm(kBlk, w.Vp, std::min(cn, r0 + kBlk), &w.P[r0 * w.Cp], w.Cp, 1, w.Vt.data(), w.Vp,
-             &w.O[r0 * w.Vp], w.Vp, true);
-        store(w.O.data(), w.Vp, cn, w.V, 1.0f, o, w.row_v(b, t0, h), w.H * w.V);
+        const int64_t Cp = w.Cp, Kp = w.Kp, Vp = w.Vp;
+        if (w.lowp) {  // P and Ṽ whole: their rows >= cn are zero
+          w.lmm(Cp, Vp, w.K, w.Qg.data(), Kp, 1, w.LS.data(), w.O.data(), Vp, false);
+          pack_b(w.Vt.data(), Vp, Cp, Vp, w.LV.data());
+          w.lmm(Cp, Vp, Cp, w.P.data(), Cp, 1, w.LV.data(), w.O.data(), Vp, true);
+        } else {
+          mm(Cp, Vp, w.K, w.Qg.data(), Kp, 1, w.S.data(), Vp, w.O.data(), Vp, false);
+          for (int64_t r0 = 0; r0 < cn; r0 += kBlk)  // P is lower triangular: Ṽ rows < r0 + 16
+            mm(kBlk, Vp, std::min(cn, r0 + kBlk), &w.P[r0 * Cp], Cp, 1, w.Vt.data(), Vp,
+               &w.O[r0 * Vp], Vp, true);
+        }
+        store(w.O.data(), Vp, cn, w.V, 1.0f, o, w.row_v(b, t0, h), w.H * w.V);
         // S = Diag(Γ_C) S + Kd^T Ṽ
-        const float* gl = &w.Gam[(cn - 1) * w.Kp];
-        scale_rows(w.K, w.Vp, gl, w.S.data(), w.S.data(), false);
-        mm(w.Kp, w.Vp, cn, w.Kd.data(), 1, w.Kp, w.Vt.data(), w.Vp, w.S.data(), w.Vp, true);
+        const float* gl = &w.Gam[(cn - 1) * Kp];
+        scale_rows(w.K, Vp, gl, w.S.data(), w.S.data(), false);
+        if (w.lowp)
+          w.lmm(Kp, Vp, Cp, w.Kd.data(), 1, Kp, w.LV.data(), w.S.data(), Vp, true);
+        else
+          mm(Kp, Vp, cn, w.Kd.data(), 1, Kp, w.Vt.data(), Vp, w.S.data(), Vp, true);
       }
       w.store_state(ht, w.state(b, h));
     }
@@ -679,6 +826,12 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         T2(kBlk * Kp, n);
     Buf dP(Cp * Cp, n), XV(Cp * Cp, n), dM(Cp * Cp, n), dbeta(Cp, n);
     Buf dS(Kp * Vp, n), dSn(Kp * Vp, n);
+    // The AMX products' pairs of dO, dS', S^T, dS'^T, Ṽ^T and nDR.
+    const int64_t lsz = w.lowp ? w.Ln * w.Lk : 0;
+    Scratch<uint16_t> Ldo(lsz, n), LdS(lsz, n), LST(lsz, n), LdST(lsz, n), LVtT(lsz, n),
+        LnDR(lsz, n);
+    std::optional<AmxTiles> tiles;
+    if (w.lowp) tiles.emplace();
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / w.H, h = bh % w.H;
       std::fill(dS.begin(), dS.end(), 0.0f);
@@ -698,28 +851,52 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         std::fill(dO.begin(), dO.end(), 0.0f);
         load(d_o, w.row_v(b, t0, h), w.H * V, cn, V, 1.0f, dO.data(), Vp);
         // dṼ = P^T dO + Kd dS'
-        for (int64_t i0 = 0; i0 < Cp; i0 += kBlk)  // P^T is upper triangular: dO rows >= i0
-          mm(kBlk, Vp, std::max<int64_t>(0, cn - i0), &w.P[i0 * Cp + i0], 1, Cp, &dO[i0 * Vp], Vp,
-             &dVt[i0 * Vp], Vp, false);
-        mm(Cp, Vp, K, w.Kd.data(), Kp, 1, dS.data(), Vp, dVt.data(), Vp, true);
+        if (w.lowp) {  // P^T whole: dO's rows >= cn are zero
+          pack_b(dO.data(), Vp, Cp, Vp, Ldo.data());
+          w.lmm(Cp, Vp, Cp, w.P.data(), 1, Cp, Ldo.data(), dVt.data(), Vp, false);
+          pack_b(dS.data(), Vp, K, Vp, LdS.data());
+          w.lmm(Cp, Vp, K, w.Kd.data(), Kp, 1, LdS.data(), dVt.data(), Vp, true);
+        } else {
+          for (int64_t i0 = 0; i0 < Cp; i0 += kBlk)  // P^T is upper triangular: dO rows >= i0
+            mm(kBlk, Vp, std::max<int64_t>(0, cn - i0), &w.P[i0 * Cp + i0], 1, Cp, &dO[i0 * Vp], Vp,
+               &dVt[i0 * Vp], Vp, false);
+          mm(Cp, Vp, K, w.Kd.data(), Kp, 1, dS.data(), Vp, dVt.data(), Vp, true);
+        }
         // (I + L)^T X = dṼ with L_ir = β_i M_ir; nDR = -β X.
         solve_upper_t(cn, Cp, Vp, w.M.data(), w.beta.data(), dVt.data(), X.data(), nDR.data());
         // X's rows >= cn only reach XV rows nothing reads; nDR's enter products over Cp rows.
         std::fill(nDR.begin() + cn * Vp, nDR.end(), 0.0f);
         // DOS = dO S^T, VDS = Ṽ dS'^T, NRS = -dR S^T.
-        transpose(w.S.data(), Kp, Vp, Vp, ST.data(), Kp);
-        transpose(dS.data(), Kp, Vp, Vp, dST.data(), Kp);
-        transpose(w.Vt.data(), Cp, Vp, Vp, VtT.data(), Cp);
-        mm(Cp, Kp, V, dO.data(), Vp, 1, ST.data(), Kp, DOS.data(), Kp, false);
-        mm(Cp, Kp, V, w.Vt.data(), Vp, 1, dST.data(), Kp, VDS.data(), Kp, false);
-        mm(Cp, Kp, V, nDR.data(), Vp, 1, ST.data(), Kp, NRS.data(), Kp, false);
+        if (w.lowp) {  // S^T, dS'^T and Ṽ^T as pairs
+          pack_bt(w.S.data(), Vp, V, Kp, LST.data(), w.LF.data());
+          pack_bt(dS.data(), Vp, V, Kp, LdST.data(), w.LF.data());
+          pack_bt(w.Vt.data(), Vp, V, Cp, LVtT.data(), w.LF.data());
+        } else {
+          transpose(w.S.data(), Kp, Vp, Vp, ST.data(), Kp);
+          transpose(dS.data(), Kp, Vp, Vp, dST.data(), Kp);
+          transpose(w.Vt.data(), Cp, Vp, Vp, VtT.data(), Cp);
+        }
+        if (w.lowp) {
+          w.lmm(Cp, Kp, V, dO.data(), Vp, 1, LST.data(), DOS.data(), Kp, false);
+          w.lmm(Cp, Kp, V, w.Vt.data(), Vp, 1, LdST.data(), VDS.data(), Kp, false);
+          w.lmm(Cp, Kp, V, nDR.data(), Vp, 1, LST.data(), NRS.data(), Kp, false);
+        } else {
+          mm(Cp, Kp, V, dO.data(), Vp, 1, ST.data(), Kp, DOS.data(), Kp, false);
+          mm(Cp, Kp, V, w.Vt.data(), Vp, 1, dST.data(), Kp, VDS.data(), Kp, false);
+          mm(Cp, Kp, V, nDR.data(), Vp, 1, ST.data(), Kp, NRS.data(), Kp, false);
+        }
         // dP = dO Ṽ^T; dL = -X Ṽ^T; dM = β dL; dβ.
         // Both are read below their diagonal only, so each row block stops at its diagonal block
         // (with the forward P Ṽ and the backward P^T dO, about a tenth of the chunk products'
         // FLOPs).
-        for (int64_t r0 = 0; r0 < Cp; r0 += kBlk) {
-          mm(kBlk, r0 + kBlk, V, &dO[r0 * Vp], Vp, 1, VtT.data(), Cp, &dP[r0 * Cp], Cp, false);
-          mm(kBlk, r0 + kBlk, V, &X[r0 * Vp], Vp, 1, VtT.data(), Cp, &XV[r0 * Cp], Cp, false);
+        if (w.lowp) {
+          w.lmm(Cp, Cp, V, dO.data(), Vp, 1, LVtT.data(), dP.data(), Cp, false);
+          w.lmm(Cp, Cp, V, X.data(), Vp, 1, LVtT.data(), XV.data(), Cp, false);
+        } else {
+          for (int64_t r0 = 0; r0 < Cp; r0 += kBlk) {
+            mm(kBlk, r0 + kBlk, V, &dO[r0 * Vp], Vp, 1, VtT.data(), Cp, &dP[r0 * Cp], Cp, false);
+            mm(kBlk, r0 + kBlk, V, &X[r0 * Vp], Vp, 1, VtT.data(), Cp, &XV[r0 * Cp], Cp, false);
+          }
         }
         for (int64_t r = 0; r < Cp; ++r)
           for (int64_t i = r + 1; i < Cp; ++i) dP[r * Cp + i] = 0.0f;
@@ -767,8 +944,14 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         for (int64_t r = 0; r < cn; ++r)
           gr.dbeta.data<float>()[(b * w.T + t0 + r) * w.H + h] = dbeta[r];
         // dS = Qg^T dO + Γ_C dS' - Kg^T dR
-        mm(Kp, Vp, cn, w.Qg.data(), 1, Kp, dO.data(), Vp, dSn.data(), Vp, false);
-        mm(Kp, Vp, cn, w.Kg.data(), 1, Kp, nDR.data(), Vp, dSn.data(), Vp, true);
+        if (w.lowp) {  // over Cp rows: Qg's, Kg's, dO's and nDR's rows >= cn are zero
+          w.lmm(Kp, Vp, Cp, w.Qg.data(), 1, Kp, Ldo.data(), dSn.data(), Vp, false);
+          pack_b(nDR.data(), Vp, Cp, Vp, LnDR.data());
+          w.lmm(Kp, Vp, Cp, w.Kg.data(), 1, Kp, LnDR.data(), dSn.data(), Vp, true);
+        } else {
+          mm(Kp, Vp, cn, w.Qg.data(), 1, Kp, dO.data(), Vp, dSn.data(), Vp, false);
+          mm(Kp, Vp, cn, w.Kg.data(), 1, Kp, nDR.data(), Vp, dSn.data(), Vp, true);
+        }
         scale_rows(K, Vp, gl, dS.data(), dSn.data(), true);
         std::swap(dS, dSn);
       }
