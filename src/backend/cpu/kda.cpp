@@ -87,10 +87,12 @@ void mm(int64_t m, int64_t n, int64_t kk, const float* a, int64_t sai, int64_t s
 
 // ---- bf16 products on the AMX tile unit ----
 // With bf16 inputs (bf16 training) on an AMX CPU, the chunk's products against the state, the
-// state update, P Ṽ, the factorised M and P blocks, and the backward's products of dO, dS', Ṽ,
-// X and nDR run as bf16 tile products with f32 sums, as bf16 kernels on GPUs do. The
-// decays and factors, the triangular solves and the pair gradients stay in f32. Operands are
-// rounded from the f32 tiles as each product needs them.
+// state update, P Ṽ and the backward's products of dO, dS', Ṽ, X and nDR run as bf16 tile
+// products with f32 sums, as bf16 kernels on GPUs do. Operands are rounded from the f32 tiles
+// as each product needs them. The decays and factors, the 16-wide M and P blocks, the
+// triangular solves and the pair gradients stay in f32: the M, P blocks and the pair gradients
+// on the tile unit ran 0.93-0.96x (their operands' rounding and the tiles' set-up cost more
+// than the 16-wide products).
 int64_t pad32(int64_t n) {
   return (n + 31) / 32 * 32;
 }
@@ -591,10 +593,10 @@ struct Work {
   Buf beta, S;      // [Cp], [Kp, Vp]
   int buffers = 0;  // Bufs made so far (the next one's slot)
   // bf16 inputs on an AMX CPU: the 64-deep products on the tile unit (see bmm), with an A
-  // operand buffer, its f32 transpose scratch, and the pairs of S, Ṽ, KR^T and KD^T.
+  // operand buffer, its f32 transpose scratch, and the pairs of S and Ṽ.
   bool lowp = false;
   int64_t Lk = 0, Ln = 0;  // pad32 of the largest inner size, the largest row count
-  Scratch<uint16_t> LA, LS, LV, LKR, LKD;
+  Scratch<uint16_t> LA, LS, LV;
   Buf LF;
   bool factor = false;       // every gate of the chunk is <= 0: factorised blocks
   std::vector<int64_t> mid;  // per block: the diagonal reference row, or -1 for a direct block
@@ -621,10 +623,8 @@ struct Work {
            amx_bf16() && has_avx512_bf16();
     if (lowp) {
       Ln = std::max({Cp, Kp, Vp}), Lk = pad32(Ln);
-      // (LA and LF also hold the M, P blocks' [32, Lk] operand and [32, 16] sums)
-      LA = Scratch<uint16_t>(std::max(Ln, 2 * kBlk) * Lk, buffers);
-      for (Scratch<uint16_t>* b : {&LS, &LV, &LKR, &LKD}) *b = Scratch<uint16_t>(Ln * Lk, buffers);
-      LF = Buf(std::max(Ln * Ln, 2 * kBlk * kBlk), buffers);
+      for (Scratch<uint16_t>* b : {&LA, &LS, &LV}) *b = Scratch<uint16_t>(Ln * Lk, buffers);
+      LF = Buf(Ln * Ln, buffers);
     }
   }
   // bmm with this thread's A buffers.
@@ -660,10 +660,6 @@ struct Work {
     const int64_t ref = (i0 == r0 ? mid[r0 / kBlk] : i0 + kBlk - 1) * Kp, at = slot(r0, i0);
     left_factors(r0, r1 - r0, Kp, Q.data(), Kc.data(), G.data(), Gl.data(), &G[ref], &Gl[ref],
                  backward ? &EL[at] : nullptr, &KL[at], &QL[at]);
-    if (lowp) {  // [KL; QL] in bf16 for the tile unit
-      to_bf16_rows(&KL[at], Kp, kBlk, K, LA.data(), pad32(K));
-      to_bf16_rows(&QL[at], Kp, kBlk, K, LA.data() + kBlk * pad32(K), pad32(K));
-    }
     return factors(r0, i0);
   }
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
@@ -701,10 +697,7 @@ struct Work {
           right_factors(i0, i1, Kp, Kc.data(), G.data(), Gl.data(), &G[m * Kp], &Gl[m * Kp],
                         backward ? ED.data() : nullptr, KD.data());
       }
-    if (factor && lowp) {  // the M, P blocks on the tile unit: KR^T and KD^T as pairs
-      pack_bt(KR.data(), Kp, K, Cp, LKR.data(), LF.data());
-      pack_bt(KD.data(), Kp, K, Cp, LKD.data(), LF.data());
-    } else if (factor) {
+    if (factor) {
       transpose(KR.data(), Cp, Kp, Kp, KRT.data(), Cp);
       transpose(KD.data(), Cp, Kp, Kp, KDT.data(), Cp);
     }
@@ -725,18 +718,8 @@ struct Work {
           continue;
         }
         const Factors f = left(r0, r1, i0);
-        if (lowp) {  // [KL; QL] against the block's column: M's block, then P's
-          const uint16_t* rt = (i0 == r0 ? LKD.data() : LKR.data()) + 2 * i0;
-          const int64_t kp = pad32(K);  // (left() wrote [KL; QL] to LA in bf16)
-          amx_gemm(2 * kBlk, kBlk, kp, LA.data(), kp, rt, 2 * Cp, LF.data(), kBlk, false);
-          for (int64_t r = 0; r < kBlk; ++r) {
-            std::memcpy(&M[(r0 + r) * Cp + i0], &LF[r * kBlk], kBlk * sizeof(float));
-            std::memcpy(&P[(r0 + r) * Cp + i0], &LF[(kBlk + r) * kBlk], kBlk * sizeof(float));
-          }
-        } else {
-          mm(kBlk, kBlk, K, f.kl, Kp, 1, f.krt, Cp, &M[r0 * Cp + i0], Cp, false);
-          mm(kBlk, kBlk, K, f.ql, Kp, 1, f.krt, Cp, &P[r0 * Cp + i0], Cp, false);
-        }
+        mm(kBlk, kBlk, K, f.kl, Kp, 1, f.krt, Cp, &M[r0 * Cp + i0], Cp, false);
+        mm(kBlk, kBlk, K, f.ql, Kp, 1, f.krt, Cp, &P[r0 * Cp + i0], Cp, false);
         if (i0 == r0)  // clear the non-causal half of a diagonal block
           for (int64_t r = r0; r < r0 + kBlk; ++r)
             for (int64_t i = r; i < r0 + kBlk; ++i) {
