@@ -8,7 +8,8 @@
 #   2. bf16 against f32 training tokens/s, the rounds alternating f32 and bf16 (the ratio per
 #      round), and both loss curves over the same steps;
 #   3. the KDA chunk kernel's forward + backward at B=1, T=4096, H=4, K=V=64 (bench_kda; FLOPs by
-#      MODEL.md's count, 3x the forward's);
+#      MODEL.md's count, 3x the forward's), with f32 inputs and with bf16 ones (bf16 training's;
+#      on an AMX CPU their products run on the tile unit), both against the f32 peak;
 #   4. one MoE FFN layer's forward + backward alone (bench_model --profile=2, median of 50).
 #
 #   scripts/bench_training.sh         settings: OMP_NUM_THREADS (2), ROUNDS (3), STEPS (8),
@@ -55,6 +56,8 @@ paste <(grep -E '^  step ' "$dir/f32.1.log" | awk '{ print $2, $NF }') \
 
 kda=$("$build/bench_kda" --reference=0 2>&1 | tee "$dir/kda.log" |
   awk '/chunked forward\+backward/ { print $3 }')
+kda_bf16=$("$build/bench_kda" --bf16=1 2>&1 | tee "$dir/kda_bf16.log" |
+  awk '/chunked forward\+backward/ { print $3 }')
 moe=$("$build/bench_model" "$dir/config.json" --B=2 --T=1024 --steps=1 --warmup=0 --profile=2 2>&1 |
   tee "$dir/moe.log" | awk '/MoE FFN/ { print $4, $7 }')
 moe_peak=$(grep '^RESULT' "$dir/moe.log" | tail -1)
@@ -71,7 +74,7 @@ rmed=$(median "${ratios[@]}") fmed=$(median "${fracs[@]}")
 rlo=$(printf '%s\n' "${ratios[@]}" | sort -g | head -1) rhi=$(printf '%s\n' "${ratios[@]}" | sort -g | tail -1)
 flo=$(printf '%s\n' "${fracs[@]}" | sort -g | head -1) fhi=$(printf '%s\n' "${fracs[@]}" | sort -g | tail -1)
 read -r moe_ms moe_gf <<<"$moe"
-if [ -z "$kda" ] || [ -z "$moe_gf" ] || [ -z "$moe_peak" ]; then
+if [ -z "$kda" ] || [ -z "$kda_bf16" ] || [ -z "$moe_gf" ] || [ -z "$moe_peak" ]; then
   echo "bench_kda or bench_model --profile=2 printed no figure (logs in $dir)" >&2
   exit 1
 fi
@@ -82,6 +85,8 @@ printf "| f32 training step, of the in-run f32 peak | %.1f%% (%.1f-%.1f) | 50%% 
 printf "| bf16 / f32 training tokens/s | %.2f (%.2f-%.2f) | 1.6 |\n" "$rmed" "$rlo" "$rhi"
 printf "| KDA chunk fwd+bwd, of the best in-run peak (%.0f GFLOP/s) | %.1f%% (%.1f GFLOP/s) | 40%% |\n" \
   "$peak" "$(awk -v k="$kda" -v p="$peak" 'BEGIN { print 100 * k / p }')" "$kda"
+printf "| KDA chunk fwd+bwd with bf16 inputs, of the same f32 peak | %.1f%% (%.1f GFLOP/s) | (40%% is the f32 row's) |\n" \
+  "$(awk -v k="$kda_bf16" -v p="$peak" 'BEGIN { print 100 * k / p }')" "$kda_bf16"
 printf "| MoE FFN fwd+bwd, of its run's peak (%.0f GFLOP/s) | %.1f%% (%.1f GFLOP/s, %.2f ms) | 60%% |\n" \
   "$moe_peak" "$(awk -v m="$moe_gf" -v p="$moe_peak" 'BEGIN { print 100 * m / p }')" "$moe_gf" "$moe_ms"
-echo "RESULT f32_frac=$(awk -v x="$fmed" 'BEGIN { print x / 100 }') bf16_ratio=$rmed kda_gflops=$kda moe_gflops=$moe_gf peak_gflops=$peak load=\"$(load)\""
+echo "RESULT f32_frac=$(awk -v x="$fmed" 'BEGIN { print x / 100 }') bf16_ratio=$rmed kda_gflops=$kda kda_bf16_gflops=$kda_bf16 moe_gflops=$moe_gf peak_gflops=$peak load=\"$(load)\""
