@@ -142,10 +142,11 @@ TEST(Amx, Bf16AttentionMatchesTheF32Reference) {
 }
 
 // bf16 KDA, forward and backward, with its products against the state, P Ṽ and the backward's
-// products of dO, dS', Ṽ, X and nDR on the tile unit (backend/cpu/kda.cpp): within bf16's rounding of the f32 reference on the same values, and
-// about as close as the f32-product path. Several chunks with a carried state, padded head sizes
-// (48 and 40: pad32 columns past the padded tiles), Kimi Linear's head size 128, a partial last
-// chunk, and the three kinds of gate (factorised blocks, some direct blocks, all direct).
+// products of dO, dS', Ṽ, X and nDR on the tile unit (backend/cpu/kda.cpp): within bf16's rounding
+// of the f32 reference on the same values (a failure also prints the f32-product path's error).
+// Several chunks with a carried state, padded head sizes (48 and 40: pad32 columns past the padded
+// tiles), Kimi Linear's head size 128, a partial last chunk, and the three kinds of gate
+// (factorised blocks, some direct blocks, all direct).
 TEST(Amx, Bf16KdaMatchesTheF32Reference) {
   if (!cpu::amx_bf16()) GTEST_SKIP() << "no AMX-BF16 here";
   struct Case {
