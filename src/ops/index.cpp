@@ -6,7 +6,6 @@
 
 #include "core/autograd.h"
 #include "ops/check.h"
-#include "ops/elementwise.h"
 #include "ops/shape.h"
 
 namespace myriad::ops {
@@ -219,10 +218,6 @@ Tensor weighted_index_add(int64_t n, const Tensor& idx, const Tensor& src, const
                op, ": expected src [M, D], idx [M] and w [M], got ", descs({&src, &idx, &w}));
   check_bounds(op, "index", idx, n, cat("of ", n, " output rows"));
   const Backend b = backend_for(dev, src.dtype());
-  if (!weighted_index_add_kernels().has(b)) {  // no fused kernel (CUDA today): the three ops
-    Tensor ws = mul(src, unsqueeze(w, 1));
-    return index_add(Tensor::zeros({n, src.size(1)}, src.dtype(), dev), 0, idx, ws);
-  }
   const Tensor ic = idx.contiguous(), sc = src.detach().contiguous(), wc = w.detach().contiguous();
   Tensor out = Tensor::empty({n, src.size(1)}, src.dtype(), dev);
   weighted_index_add_kernels().get(b)(ic, sc, wc, out);

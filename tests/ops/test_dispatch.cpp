@@ -59,6 +59,8 @@ void for_each_table(F&& f) {
   f(ops::attention_backward_kernels());
   f(ops::attn_res_kernels());
   f(ops::attn_res_backward_kernels());
+  f(ops::weighted_index_add_kernels());
+  f(ops::weighted_index_add_backward_kernels());
   f(ops::kda_kernels());
   f(ops::kda_backward_kernels());
   f(ops::kda_step_kernels());
@@ -80,11 +82,6 @@ TEST(Dispatch, EveryOpHasReferenceAndCpuKernels) {
   });
   EXPECT_TRUE(ops::grouped_gemm_kernels().has(ops::Backend::CPU));
   EXPECT_TRUE(ops::paged_attention_kernels().has(ops::Backend::CPU));
-  // weighted_index_add: a backend without it (CUDA today) runs mul and index_add instead.
-  for (ops::Backend b : {ops::Backend::Reference, ops::Backend::CPU}) {
-    EXPECT_TRUE(ops::weighted_index_add_kernels().has(b));
-    EXPECT_TRUE(ops::weighted_index_add_backward_kernels().has(b));
-  }
 }
 
 // A build with the CUDA backend registers a CUDA kernel for every op (checked without a GPU: the

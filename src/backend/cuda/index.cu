@@ -1,9 +1,10 @@
-// CUDA indexing kernels (ops/index.h): gather, index_select, scatter_add, index_add and the
-// embedding lookup and its backward. Gathers move raw elements, so they serve every dtype: a
-// per-slice gather (index_select, embedding) copies whole rows with 2-d blocks (x over 16-, 8-,
-// 4-, 2- or 1-byte units of a row, y over rows); a per-element gather runs one thread per output
-// element. Scatter-adds are deterministic and atomic-free, accumulating in f32 (f64 for f64) and
-// rounding each output once, as the CPU kernel does:
+// CUDA indexing kernels (ops/index.h): gather, index_select, scatter_add, index_add, the
+// embedding lookup and its backward, and weighted_index_add (the MoE's weighted combine, summed
+// like the per-slice scatter below) and its backward. Gathers move raw elements, so they serve
+// every dtype: a per-slice gather (index_select, embedding) copies whole rows with 2-d blocks (x
+// over 16-, 8-, 4-, 2- or 1-byte units of a row, y over rows); a per-element gather runs one thread
+// per output element. Scatter-adds are deterministic and atomic-free, accumulating in f32 (f64 for
+// f64) and rounding each output once, as the CPU kernel does:
 //   - per-element indices with few source rows or many columns: one thread per (outer, inner)
 //     column walks the source rows in order (bf16 through an f32 copy of the output);
 //   - otherwise, and always for per-slice indices (index_add, the embedding backward): a stable
@@ -403,6 +404,130 @@ void embedding_backward_cuda(const Tensor& grad_out, const Tensor& ids, Tensor& 
   });
 }
 
+// ---- weighted_index_add: out[idx[i]] += w[i] * src[i] (the MoE's weighted combine) ----
+
+// Products rounded before they are summed (no fused multiply-add), as the CPU kernel rounds
+// them: f32 results then have the bits of mul followed by index_add.
+__device__ inline float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ inline double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+
+// out [n, D] rows that have sources = the sum of w[i] src[i] over their sources in source order
+// (the stable sort keeps it), from zero, rounded once. Blocks: x over run heads, y over column
+// chunks, as slice_runs_kernel.
+template <class T, class K>
+__global__ void weighted_runs_kernel(T* __restrict__ out, const T* __restrict__ src,
+                                     const T* __restrict__ w, const K* __restrict__ keys,
+                                     const int32_t* __restrict__ pos, int64_t m, int64_t D) {
+  using A = Acc<T>;
+  for (int64_t p = blockIdx.x; p < m; p += gridDim.x) {
+    const K key = keys[p];
+    if (p > 0 && keys[p - 1] == key) continue;  // the same for the whole block
+    const int64_t end = run_end(keys, p, m);
+    const int64_t per_chunk = (D + gridDim.y - 1) / gridDim.y;
+    const int64_t c0 = blockIdx.y * per_chunk, c1 = min(D, c0 + per_chunk);
+    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+      A acc = A(0);
+#pragma unroll 4
+      for (int64_t q = p; q < end; ++q) {
+        const int64_t i = pos[q];
+        acc += mul_rn(ld(w[i]), ld(src[i * D + c]));
+      }
+      out[static_cast<int64_t>(key) * D + c] = st<T>(acc);
+    }
+  }
+}
+
+// Per source row i (a warp each, blockDim (32, rows)): dsrc[i] = w[i] g[idx[i]] and
+// dw[i] = g[idx[i]] . src[i] (the products rounded, then a warp sum: the CPU's row sum adds in
+// another order, so dw agrees within rounding, not bit for bit).
+template <class T, class I>
+__global__ void weighted_index_add_backward_kernel(const I* __restrict__ idx,
+                                                   const T* __restrict__ src,
+                                                   const T* __restrict__ w, const T* __restrict__ g,
+                                                   T* __restrict__ dsrc, T* __restrict__ dw,
+                                                   int64_t m, int64_t D) {
+  using A = Acc<T>;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; i < m; i += step) {
+    const T* gr = g + static_cast<int64_t>(idx[i]) * D;
+    const A wi = ld(w[i]);
+    A dot = A(0);
+    for (int64_t d = threadIdx.x; d < D; d += 32) {
+      const A gv = ld(gr[d]);
+      if (dw) dot += mul_rn(gv, ld(src[i * D + d]));
+      if (dsrc) dsrc[i * D + d] = st<T>(mul_rn(wi, gv));
+    }
+    if (dw) {
+      dot = warp_sum(dot);
+      if (threadIdx.x == 0) dw[i] = st<T>(dot);
+    }
+  }
+}
+
+void weighted_index_add_cuda(const Tensor& idx, const Tensor& src, const Tensor& w, Tensor& out) {
+  const char* op = "weighted_index_add";
+  const int64_t M = src.shape()[0], D = src.shape()[1], n = out.shape()[0];
+  if (n == 0 || D == 0) return;
+  const int dev = out.device().index;
+  {  // rows no index names stay zero (zero bits are 0 in every float dtype)
+    DeviceGuard g(dev);
+    CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, out.numel() * dtype_size(out.dtype()),
+                               current_stream(dev)));
+  }
+  if (M == 0) return;
+  dispatch_float(op, src.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(op, idx.dtype(), [&](auto itag) {
+      using I = decltype(itag);
+      dispatch_key(static_cast<uint64_t>(n - 1), [&](auto ktag) {
+        using K = decltype(ktag);
+        Sorted s = sort_pairs<K>(op, out.device(), M, n - 1, [&](K* keys, int32_t* pos) {
+          launch(op, dev, grid_for(M), kThreads, &slice_keys_kernel<K, I>, cptr<I>(idx), M, keys,
+                 pos);
+        });
+        const int64_t threads = std::min<int64_t>(kThreads, (D + 31) / 32 * 32);
+        const int64_t chunks = std::min<int64_t>((D + 4 * threads - 1) / (4 * threads), 65535);
+        launch(op, dev,
+               dim3(static_cast<unsigned>(std::min<int64_t>(M, INT_MAX)),
+                    static_cast<unsigned>(chunks)),
+               static_cast<unsigned>(threads), &weighted_runs_kernel<T, K>, mptr<T>(out),
+               cptr<T>(src), cptr<T>(w), cptr<K>(s.keys), cptr<int32_t>(s.pos), M, D);
+      });
+    });
+  });
+}
+
+void weighted_index_add_backward_cuda(const Tensor& idx, const Tensor& src, const Tensor& w,
+                                      const Tensor& g, Tensor& dsrc, Tensor& dw) {
+  const char* op = "weighted_index_add_backward";
+  const int64_t M = src.shape()[0], D = src.shape()[1];
+  if (M == 0) return;
+  const int dev = src.device().index;
+  if (D == 0) {  // dw is an empty sum; dsrc is empty
+    if (dw.defined()) {
+      DeviceGuard guard(dev);
+      CUDA_CHECK(cudaMemsetAsync(dw.data_ptr(), 0, dw.numel() * dtype_size(dw.dtype()),
+                                 current_stream(dev)));
+    }
+    return;
+  }
+  dispatch_float(op, src.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    dispatch_index(op, idx.dtype(), [&](auto itag) {
+      using I = decltype(itag);
+      constexpr int kRows = 8;  // warps (source rows) per block
+      launch(op, dev, grid_for(M, kRows), dim3(32, kRows),
+             &weighted_index_add_backward_kernel<T, I>, cptr<I>(idx), cptr<T>(src), cptr<T>(w),
+             cptr<T>(g), dsrc.defined() ? mptr<T>(dsrc) : nullptr,
+             dw.defined() ? mptr<T>(dw) : nullptr, M, D);
+    });
+  });
+}
+
 }  // namespace
 
 MYRIAD_REGISTER_KERNEL(ops::gather_kernels, ops::Backend::CUDA, &gather_cuda);
@@ -410,5 +535,9 @@ MYRIAD_REGISTER_KERNEL(ops::scatter_add_kernels, ops::Backend::CUDA, &scatter_ad
 MYRIAD_REGISTER_KERNEL(ops::embedding_kernels, ops::Backend::CUDA, &embedding_cuda);
 MYRIAD_REGISTER_KERNEL(ops::embedding_backward_kernels, ops::Backend::CUDA,
                        &embedding_backward_cuda);
+MYRIAD_REGISTER_KERNEL(ops::weighted_index_add_kernels, ops::Backend::CUDA,
+                       &weighted_index_add_cuda);
+MYRIAD_REGISTER_KERNEL(ops::weighted_index_add_backward_kernels, ops::Backend::CUDA,
+                       &weighted_index_add_backward_cuda);
 
 }  // namespace myriad::gpu
