@@ -211,6 +211,40 @@ TEST_P(Kda, SegmentsWithCarriedStateEqualOnePass) {
   }
 }
 
+// Outputs of 4 MiB and more (o, the saved states, dq, dk, dv, dg here: B 1, T 4096, H 4,
+// K = V = 64) take the CPU kernel's streaming stores; one head's outputs are 1 MiB and take the
+// ordinary ones. The heads are independent, so each head of the whole run must equal a run on
+// that head alone, bit for bit: the output, the final state and every gradient.
+TEST_P(Kda, LargeOutputsEqualPerHeadRuns) {
+  const int64_t B = 1, T = 4096, H = 4, D = 64;
+  Inputs base = make_inputs(B, T, H, D, D, 41, Gate::LowerBound);
+  const Tensor wo = randn({B, T, H, D}, 42).to(dev()), ws = randn({B, H, D, D}, 43).to(dev());
+  // o, final state, then the gradients of q, k, v, g, beta and h0, as doubles.
+  auto run = [&](const Inputs& in, const Tensor& w_o, const Tensor& w_s) {
+    std::vector<Tensor> xs = on_device(in).list();
+    for (Tensor& x : xs) x.requires_grad_();
+    ops::KdaOutput r = ops::kda(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], -1, 64);
+    ops::add(ops::sum(ops::mul(r.o, w_o)), ops::sum(ops::mul(r.final_state, w_s))).backward();
+    std::vector<Tensor> out = {r.o, r.final_state};
+    for (Tensor& x : xs) out.push_back(x.grad());
+    return out;
+  };
+  const std::vector<Tensor> all = run(base, wo, ws);
+  const char* names[] = {"o", "state", "dq", "dk", "dv", "dg", "dbeta", "dh0"};
+  for (int64_t h = 0; h < H; ++h) {
+    // The head's slice of a [B, T, H, ...] tensor (dim 2) or of a [B, H, ...] one (dim 1).
+    auto head = [h](const Tensor& t, int64_t dim) { return ops::slice(t, dim, h, h + 1); };
+    const Inputs one{head(base.q, 2), head(base.k, 2),    head(base.v, 2),
+                     head(base.g, 2), head(base.beta, 2), head(base.h0, 1)};
+    const std::vector<Tensor> got = run(one, head(wo, 2), head(ws, 1));
+    for (int i = 0; i < 8; ++i) {
+      const int64_t dim = i == 1 || i == 7 ? 1 : 2;  // final state and dh0 are [B, H, K, V]
+      EXPECT_EQ(got[i].to_doubles(), head(all[i], dim).to_doubles())
+          << names[i] << " of head " << h;
+    }
+  }
+}
+
 TEST_P(Kda, RepeatedStepsEqualOnePass) {
   for (bool reference : {false, true}) {
     std::optional<ops::ReferenceMode> ref;
