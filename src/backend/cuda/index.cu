@@ -243,16 +243,25 @@ __global__ void element_runs_kernel(T* __restrict__ out, const T* __restrict__ s
   }
 }
 
+// Products rounded before they are summed (no fused multiply-add), as the CPU kernels round
+// them: weighted_index_add's f32 results then have the bits of mul followed by index_add.
+__device__ inline float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ inline double mul_rn(double a, double b) {
+  return __dmul_rn(a, b);
+}
+
 // Per-slice: out [outer, no, inner] slice key += the src [outer, ns, inner] slices sorted under
-// it, in order. Blocks: x over run heads (a block skips non-heads), y over gridDim.y equal
-// chunks of the outer * inner columns. sum_first (the embedding backward) sums the sources from
-// zero and adds the total to out, as the CPU kernel does; otherwise the sum starts from out
-// (scatter_add).
+// it, in order, each times w[source] when w is given (weighted_index_add). Blocks: x over run heads
+// (a block skips non-heads), y over gridDim.y equal chunks of the outer * inner columns. sum_first
+// (the embedding backward) sums the sources from zero and adds the total to out, as the CPU kernel
+// does; otherwise the sum starts from out (scatter_add).
 template <class T, class K>
 __global__ void slice_runs_kernel(T* __restrict__ out, const T* __restrict__ src,
-                                  const K* __restrict__ keys, const int32_t* __restrict__ pos,
-                                  int64_t ns, int64_t no, int64_t inner, int64_t cols,
-                                  bool sum_first) {
+                                  const T* __restrict__ w, const K* __restrict__ keys,
+                                  const int32_t* __restrict__ pos, int64_t ns, int64_t no,
+                                  int64_t inner, int64_t cols, bool sum_first) {
   using A = Acc<T>;
   for (int64_t p = blockIdx.x; p < ns; p += gridDim.x) {
     const K key = keys[p];
@@ -266,7 +275,10 @@ __global__ void slice_runs_kernel(T* __restrict__ out, const T* __restrict__ src
       T* d = out + (o * no + static_cast<int64_t>(key)) * inner + i;
       A acc = sum_first ? A(0) : ld(*d);
 #pragma unroll 4
-      for (int64_t q = p; q < end; ++q) acc += ld(s[static_cast<int64_t>(pos[q]) * inner]);
+      for (int64_t q = p; q < end; ++q) {
+        const int64_t j = pos[q];
+        acc += w ? mul_rn(ld(w[j]), ld(s[j * inner])) : ld(s[j * inner]);
+      }
       *d = st<T>(sum_first ? ld(*d) + acc : acc);
     }
   }
@@ -311,10 +323,11 @@ Sorted sort_pairs(const char* op, Device device, int64_t m, uint64_t max_key, Ma
   return r;
 }
 
-// out [outer, no, inner] += the sorted scatter of per-slice src [outer, ns, inner] (idx [ns]).
+// out [outer, no, inner] += the sorted scatter of per-slice src [outer, ns, inner] (idx [ns]),
+// each slice times w[slice] when w is given.
 template <class T, class I>
 void scatter_slices(const char* op, Tensor& out, const I* idx, const Tensor& src, int64_t outer,
-                    int64_t ns, int64_t no, int64_t inner, bool sum_first) {
+                    int64_t ns, int64_t no, int64_t inner, bool sum_first, const T* w = nullptr) {
   const int dev = out.device().index;
   dispatch_key(static_cast<uint64_t>(no > 0 ? no - 1 : 0), [&](auto ktag) {
     using K = decltype(ktag);
@@ -328,7 +341,7 @@ void scatter_slices(const char* op, Tensor& out, const I* idx, const Tensor& src
     const int64_t chunks = std::min<int64_t>((cols + 4 * threads - 1) / (4 * threads), 65535);
     const int64_t heads = std::min<int64_t>(ns, INT_MAX);
     launch(op, dev, dim3(static_cast<unsigned>(heads), static_cast<unsigned>(chunks)),
-           static_cast<unsigned>(threads), &slice_runs_kernel<T, K>, mptr<T>(out), cptr<T>(src),
+           static_cast<unsigned>(threads), &slice_runs_kernel<T, K>, mptr<T>(out), cptr<T>(src), w,
            cptr<K>(s.keys), cptr<int32_t>(s.pos), ns, no, inner, cols, sum_first);
   });
 }
@@ -406,41 +419,6 @@ void embedding_backward_cuda(const Tensor& grad_out, const Tensor& ids, Tensor& 
 
 // ---- weighted_index_add: out[idx[i]] += w[i] * src[i] (the MoE's weighted combine) ----
 
-// Products rounded before they are summed (no fused multiply-add), as the CPU kernel rounds
-// them: f32 results then have the bits of mul followed by index_add.
-__device__ inline float mul_rn(float a, float b) {
-  return __fmul_rn(a, b);
-}
-__device__ inline double mul_rn(double a, double b) {
-  return __dmul_rn(a, b);
-}
-
-// out [n, D] rows that have sources = the sum of w[i] src[i] over their sources in source order
-// (the stable sort keeps it), from zero, rounded once. Blocks: x over run heads, y over column
-// chunks, as slice_runs_kernel.
-template <class T, class K>
-__global__ void weighted_runs_kernel(T* __restrict__ out, const T* __restrict__ src,
-                                     const T* __restrict__ w, const K* __restrict__ keys,
-                                     const int32_t* __restrict__ pos, int64_t m, int64_t D) {
-  using A = Acc<T>;
-  for (int64_t p = blockIdx.x; p < m; p += gridDim.x) {
-    const K key = keys[p];
-    if (p > 0 && keys[p - 1] == key) continue;  // the same for the whole block
-    const int64_t end = run_end(keys, p, m);
-    const int64_t per_chunk = (D + gridDim.y - 1) / gridDim.y;
-    const int64_t c0 = blockIdx.y * per_chunk, c1 = min(D, c0 + per_chunk);
-    for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-      A acc = A(0);
-#pragma unroll 4
-      for (int64_t q = p; q < end; ++q) {
-        const int64_t i = pos[q];
-        acc += mul_rn(ld(w[i]), ld(src[i * D + c]));
-      }
-      out[static_cast<int64_t>(key) * D + c] = st<T>(acc);
-    }
-  }
-}
-
 // Per source row i (a warp each, blockDim (32, rows)): dsrc[i] = w[i] g[idx[i]] and
 // dw[i] = g[idx[i]] . src[i] (the products rounded, then a warp sum: the CPU's row sum adds in
 // another order, so dw agrees within rounding, not bit for bit).
@@ -483,20 +461,8 @@ void weighted_index_add_cuda(const Tensor& idx, const Tensor& src, const Tensor&
     using T = decltype(tag);
     dispatch_index(op, idx.dtype(), [&](auto itag) {
       using I = decltype(itag);
-      dispatch_key(static_cast<uint64_t>(n - 1), [&](auto ktag) {
-        using K = decltype(ktag);
-        Sorted s = sort_pairs<K>(op, out.device(), M, n - 1, [&](K* keys, int32_t* pos) {
-          launch(op, dev, grid_for(M), kThreads, &slice_keys_kernel<K, I>, cptr<I>(idx), M, keys,
-                 pos);
-        });
-        const int64_t threads = std::min<int64_t>(kThreads, (D + 31) / 32 * 32);
-        const int64_t chunks = std::min<int64_t>((D + 4 * threads - 1) / (4 * threads), 65535);
-        launch(op, dev,
-               dim3(static_cast<unsigned>(std::min<int64_t>(M, INT_MAX)),
-                    static_cast<unsigned>(chunks)),
-               static_cast<unsigned>(threads), &weighted_runs_kernel<T, K>, mptr<T>(out),
-               cptr<T>(src), cptr<T>(w), cptr<K>(s.keys), cptr<int32_t>(s.pos), M, D);
-      });
+      // Each destination row: 0 + its sources' w[i] src[i] in source order, rounded once.
+      scatter_slices<T, I>(op, out, cptr<I>(idx), src, 1, M, n, D, false, cptr<T>(w));
     });
   });
 }
