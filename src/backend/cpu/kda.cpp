@@ -139,16 +139,9 @@ MYRIAD_BF16_TARGET void pack_b(const float* __restrict b, int64_t ldb, int64_t k
     }
   }
 }
-bool has_avx512_bf16() {  // (every AMX CPU so far has it)
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
-}
 #else  // (no AMX: never called)
 void to_bf16_rows(const float*, int64_t, int64_t, int64_t, uint16_t*, int64_t) {}
 void pack_b(const float*, int64_t, int64_t, int64_t, uint16_t*) {}
-bool has_avx512_bf16() {
-  return false;
-}
 #endif
 // The same pairs for B[p, j] = src[j lds + p] (B transposed; p < kk, j < n, n a multiple of 16):
 // each source row in bf16 is a row of 32-bit pair words, and the pair rows are their transpose
@@ -649,7 +642,7 @@ struct Work {
     beta = Buf(Cp, buffers);
     S = Buf(Kp * Vp, buffers);
     lowp = a.q.dtype() == DType::BF16 && a.k.dtype() == DType::BF16 && a.v.dtype() == DType::BF16 &&
-           amx_bf16() && has_avx512_bf16();
+           amx_bf16() && avx512_bf16();  // (every AMX CPU so far has it)
     if (lowp) {
       Ln = std::max({Cp, Kp, Vp}), Lk = pad32(Ln);
       for (Scratch<uint16_t>* b : {&LA, &LS, &LV}) *b = Scratch<uint16_t>(Ln * Lk, buffers);
@@ -835,16 +828,18 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
     const int64_t Cp = w.Cp, Kp = w.Kp, Vp = w.Vp, K = w.K, V = w.V;
     int& n = w.buffers;
     Buf dO(Cp * Vp, n), dVt(Cp * Vp, n), X(Cp * Vp, n), nDR(Cp * Vp, n);
-    Buf ST(Vp * Kp, n), dST(Vp * Kp, n), VtT(Vp * Cp, n);
+    // S^T, dS'^T and Ṽ^T for the f32 products (the tile products take them as pairs)
+    const int64_t tsz = w.lowp ? 0 : 1;
+    Buf ST(tsz * Vp * Kp, n), dST(tsz * Vp * Kp, n), VtT(tsz * Vp * Cp, n);
     Buf DOS(Cp * Kp, n), VDS(Cp * Kp, n), NRS(Cp * Kp, n), Ga(Cp * Kp, n), Gb(Cp * Kp, n),
         Gc(Cp * Kp, n), dG(Cp * Kp, n), dQ(Cp * Kp, n), dK(Cp * Kp, n), T1(kBlk * Kp, n),
         T2(kBlk * Kp, n);
     Buf dP(Cp * Cp, n), XV(Cp * Cp, n), dM(Cp * Cp, n), dbeta(Cp, n);
     Buf dS(Kp * Vp, n), dSn(Kp * Vp, n);
-    // The AMX products' pairs of dO, dS', S^T, dS'^T, Ṽ^T and nDR.
+    // The tile products' pairs of dO, S^T, dS'^T and Ṽ^T, and of dS' or nDR (each used right
+    // after it is packed).
     const int64_t lsz = w.lowp ? w.Ln * w.Lk : 0;
-    Scratch<uint16_t> Ldo(lsz, n), LdS(lsz, n), LST(lsz, n), LdST(lsz, n), LVtT(lsz, n),
-        LnDR(lsz, n);
+    Scratch<uint16_t> Ldo(lsz, n), LST(lsz, n), LdST(lsz, n), LVtT(lsz, n), LB(lsz, n);
     std::optional<AmxTiles> tiles;
     if (w.lowp) tiles.emplace();
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -869,8 +864,8 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         if (w.lowp) {  // P^T whole: dO's rows >= cn are zero
           pack_b(dO.data(), Vp, Cp, Vp, Ldo.data());
           w.lmm(Cp, Vp, Cp, w.P.data(), 1, Cp, Ldo.data(), dVt.data(), Vp, false);
-          pack_b(dS.data(), Vp, K, Vp, LdS.data());
-          w.lmm(Cp, Vp, K, w.Kd.data(), Kp, 1, LdS.data(), dVt.data(), Vp, true);
+          pack_b(dS.data(), Vp, K, Vp, LB.data());
+          w.lmm(Cp, Vp, K, w.Kd.data(), Kp, 1, LB.data(), dVt.data(), Vp, true);
         } else {
           for (int64_t i0 = 0; i0 < Cp; i0 += kBlk)  // P^T is upper triangular: dO rows >= i0
             mm(kBlk, Vp, std::max<int64_t>(0, cn - i0), &w.P[i0 * Cp + i0], 1, Cp, &dO[i0 * Vp], Vp,
@@ -886,16 +881,13 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
           pack_bt(w.S.data(), Vp, V, Kp, LST.data(), w.LF.data());
           pack_bt(dS.data(), Vp, V, Kp, LdST.data(), w.LF.data());
           pack_bt(w.Vt.data(), Vp, V, Cp, LVtT.data(), w.LF.data());
-        } else {
-          transpose(w.S.data(), Kp, Vp, Vp, ST.data(), Kp);
-          transpose(dS.data(), Kp, Vp, Vp, dST.data(), Kp);
-          transpose(w.Vt.data(), Cp, Vp, Vp, VtT.data(), Cp);
-        }
-        if (w.lowp) {
           w.lmm(Cp, Kp, V, dO.data(), Vp, 1, LST.data(), DOS.data(), Kp, false);
           w.lmm(Cp, Kp, V, w.Vt.data(), Vp, 1, LdST.data(), VDS.data(), Kp, false);
           w.lmm(Cp, Kp, V, nDR.data(), Vp, 1, LST.data(), NRS.data(), Kp, false);
         } else {
+          transpose(w.S.data(), Kp, Vp, Vp, ST.data(), Kp);
+          transpose(dS.data(), Kp, Vp, Vp, dST.data(), Kp);
+          transpose(w.Vt.data(), Cp, Vp, Vp, VtT.data(), Cp);
           mm(Cp, Kp, V, dO.data(), Vp, 1, ST.data(), Kp, DOS.data(), Kp, false);
           mm(Cp, Kp, V, w.Vt.data(), Vp, 1, dST.data(), Kp, VDS.data(), Kp, false);
           mm(Cp, Kp, V, nDR.data(), Vp, 1, ST.data(), Kp, NRS.data(), Kp, false);
@@ -961,8 +953,8 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         // dS = Qg^T dO + Γ_C dS' - Kg^T dR
         if (w.lowp) {  // over Cp rows: Qg's, Kg's, dO's and nDR's rows >= cn are zero
           w.lmm(Kp, Vp, Cp, w.Qg.data(), 1, Kp, Ldo.data(), dSn.data(), Vp, false);
-          pack_b(nDR.data(), Vp, Cp, Vp, LnDR.data());
-          w.lmm(Kp, Vp, Cp, w.Kg.data(), 1, Kp, LnDR.data(), dSn.data(), Vp, true);
+          pack_b(nDR.data(), Vp, Cp, Vp, LB.data());
+          w.lmm(Kp, Vp, Cp, w.Kg.data(), 1, Kp, LB.data(), dSn.data(), Vp, true);
         } else {
           mm(Kp, Vp, cn, w.Qg.data(), 1, Kp, dO.data(), Vp, dSn.data(), Vp, false);
           mm(Kp, Vp, cn, w.Kg.data(), 1, Kp, nDR.data(), Vp, dSn.data(), Vp, true);

@@ -46,12 +46,17 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void f32_row_to_bf16_avx5
   if (i < n) f32_row_to_bf16_plain(src + i, dst + i, n - i);
 }
 
-bool avx512_bf16() {
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
-}
 #endif
 }  // namespace
+
+bool avx512_bf16() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
 
 void f32_row_to_bf16(const float* src, uint16_t* dst, int64_t n) {
 #if defined(__x86_64__)

@@ -55,6 +55,9 @@ MYRIAD_ROW_INLINE float row_sum_exp(const float* x, float m, int64_t n) {
   return s;
 }
 
+// Whether the CPU has AVX512-BF16 (its f32 -> bf16 conversion instruction; asked once).
+bool avx512_bf16();
+
 // bf16 <-> f32 rows (vectorised clones, in rows.cpp).
 void bf16_row_to_f32(const uint16_t* src, float* dst, int64_t n);
 void f32_row_to_bf16(const float* src, uint16_t* dst, int64_t n);
