@@ -30,7 +30,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale
 // [B, Hq, Tq, dv] in q's dtype; query i of sequence b sits at position lengths[b] - Tq + i and sees
 // keys j <= that position. It equals attention(q[b], concat of b's pages, ..., causal,
 // lengths[b] - Tq) for each b; kernels read the pages in place (no gather). Backends without a
-// paged kernel (the reference, CUDA) run exactly that. No gradient: caches are for inference.
+// paged kernel (the reference) run exactly that. No gradient: caches are for inference.
 Tensor paged_attention(const Tensor& q, const std::vector<std::vector<Tensor>>& pages,
                        const std::vector<int64_t>& lengths, int64_t dv, double scale);
 

@@ -89,6 +89,8 @@ TEST(Dispatch, EveryOpHasReferenceAndCpuKernels) {
 TEST(Dispatch, EveryOpHasACudaKernelInCudaBuilds) {
 #ifdef MYRIAD_HAVE_CUDA
   for_each_table([](const auto& t) { EXPECT_TRUE(t.has(ops::Backend::CUDA)) << t.op(); });
+  EXPECT_TRUE(ops::grouped_gemm_kernels().has(ops::Backend::CUDA));
+  EXPECT_TRUE(ops::paged_attention_kernels().has(ops::Backend::CUDA));
 #else
   GTEST_SKIP() << "built without the CUDA backend";
 #endif

@@ -19,6 +19,7 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/kernels.cuh"
 #include "ops/attention.h"
@@ -101,6 +102,15 @@ __device__ void load_tile(Acc<T>* dst, int lds, const T* src, int cap, int n, in
   }
 }
 
+// The same with row j read from row(j), a pointer.
+template <class T, class Row>
+__device__ void load_rows(Acc<T>* dst, int lds, int cap, int n, int D, Row row) {
+  for (int x = threadIdx.x; x < cap * D; x += blockDim.x) {
+    const int j = x / D, d = x - j * D;
+    dst[j * lds + d] = j < n ? ld(row(j)[d]) : Acc<T>(0);
+  }
+}
+
 // The lanes of a warp are (item, part) = (lane % (32 / P), lane / (32 / P)). Each dots its own
 // row x with the R broadcast rows y + r * ys over the d ≡ part (mod P), then the P parts are
 // summed with shuffles: every lane of an item ends with the same sums.
@@ -121,13 +131,49 @@ __device__ inline void lane_dots(const A* x, const A* y, int ys, int n, int part
 
 // ---- forward ----
 
+// Where the keys and values of (batch b, kv head hk) live, and how many there are. Key j's row
+// starts at key(b, hk, j), value j's at value(b, hk, j) (unit-stride channels).
+//  - Strided tensors k and v (ops::attention): Tk keys, queries from g.q_offset.
+template <class T>
+struct DenseKv {
+  const T* k;
+  const T* v;
+  __device__ const T* key(const Geo& g, int64_t b, int64_t hk, int64_t j) const {
+    return k + b * g.ks[0] + hk * g.ks[1] + j * g.ks[2];
+  }
+  __device__ const T* value(const Geo& g, int64_t b, int64_t hk, int64_t j) const {
+    return v + b * g.vs[0] + hk * g.vs[1] + j * g.vs[2];
+  }
+  __device__ int64_t length(const Geo& g, int64_t) const { return g.Tk; }
+  __device__ int64_t q_offset(const Geo& g, int64_t) const { return g.q_offset; }
+};
+//  - A paged latent cache (ops::paged_attention, one kv head): key j of sequence b is row
+//    j % bt of page[first[b] + j / bt], its value the same row's first Dv channels; sequence b
+//    holds length[b] keys and its Tq queries are its last positions. The tables are on the device.
+template <class T>
+struct PagedKvRows {
+  const T* const* page;
+  const int64_t* first;
+  const int64_t* length_of;
+  int64_t bt, row_stride;
+  __device__ const T* key(const Geo&, int64_t b, int64_t, int64_t j) const {
+    const int64_t k = j / bt;
+    return page[first[b] + k] + (j - k * bt) * row_stride;
+  }
+  __device__ const T* value(const Geo& g, int64_t b, int64_t hk, int64_t j) const {
+    return key(g, b, hk, j);
+  }
+  __device__ int64_t length(const Geo&, int64_t b) const { return length_of[b]; }
+  __device__ int64_t q_offset(const Geo& g, int64_t b) const { return length_of[b] - g.Tq; }
+};
+
 // Shared memory: q rows [RT][Dk], keys [KT][Dk | 1] (odd stride: lane j reads row j without
 // bank conflicts), values [KT][Dv]. Without splits writes out and lse; with them, the split's
 // unnormalised output rows into part_o [splits, nrows, Dv] and (max, sum) into part_ml.
-template <class T, int NV, int R>
+template <class T, int NV, int R, class Kv>
 __global__ void __launch_bounds__(128)
-    attention_fwd_kernel(Geo g, const T* q, const T* k, const T* v, const void* bias, bool bias_f32,
-                         T* out, Acc<T>* lse, Acc<T>* part_o, Acc<T>* part_ml, int64_t row_tiles,
+    attention_fwd_kernel(Geo g, const T* q, Kv kv, const void* bias, bool bias_f32, T* out,
+                         Acc<T>* lse, Acc<T>* part_o, Acc<T>* part_ml, int64_t row_tiles,
                          int splits, int KT) {
   using A = Acc<T>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -152,6 +198,7 @@ __global__ void __launch_bounds__(128)
   });
 
   // This warp's rows.
+  const int64_t q_offset = kv.q_offset(g, b), Tk = kv.length(g, b);
   const int w0 = warp * R;
   const bool active = w0 < nr;
   bool valid[R];
@@ -159,19 +206,17 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     valid[r] = w0 + r < nr;
-    qpos[r] = g.q_offset + (r0 + w0 + r) / g.G;
+    qpos[r] = q_offset + (r0 + w0 + r) / g.G;
   }
-  const int64_t warp_last = g.q_offset + (r0 + std::min(w0 + R, nr) - 1) / g.G;
+  const int64_t warp_last = q_offset + (r0 + std::min(w0 + R, nr) - 1) / g.G;
   // Keys visible to the tile's rows, and this split's share of their tiles.
-  const int64_t tile_last = g.q_offset + (r0 + nr - 1) / g.G;
-  const int64_t key_end = g.causal ? clamp64(tile_last + 1, 0, g.Tk) : g.Tk;
+  const int64_t tile_last = q_offset + (r0 + nr - 1) / g.G;
+  const int64_t key_end = g.causal ? clamp64(tile_last + 1, 0, Tk) : Tk;
   const int64_t nkt = (key_end + KT - 1) / KT;
   const int64_t kt0 = nkt * split / splits, kt1 = nkt * (split + 1) / splits;
 
   const int P = 32 / KT, jl = lane % KT, part = lane / KT;
   const A scale = static_cast<A>(g.scale);
-  const T* kbase = k + b * g.ks[0] + hk * g.ks[1];
-  const T* vbase = v + b * g.vs[0] + hk * g.vs[1];
   A m[R], l[R], acc[R][NV];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -185,8 +230,8 @@ __global__ void __launch_bounds__(128)
     const int64_t j0 = t * KT;
     const int n = static_cast<int>(std::min<int64_t>(KT, key_end - j0));
     __syncthreads();  // the previous tile is consumed
-    load_tile<T>(ks, Dkp, kbase + j0 * g.ks[2], KT, n, Dk, [&](int j) { return j * g.ks[2]; });
-    load_tile<T>(vs, Dv, vbase + j0 * g.vs[2], KT, n, Dv, [&](int j) { return j * g.vs[2]; });
+    load_rows<T>(ks, Dkp, KT, n, Dk, [&](int j) { return kv.key(g, b, hk, j0 + j); });
+    load_rows<T>(vs, Dv, KT, n, Dv, [&](int j) { return kv.value(g, b, hk, j0 + j); });
     __syncthreads();
     if (!active || (g.causal && j0 > warp_last)) continue;  // warp-uniform
 
@@ -711,9 +756,70 @@ void attention_cuda(const AttentionParams& p, const Tensor& q, const Tensor& k, 
       }
       A* po = splits > 1 ? mptr<A>(part_o) : nullptr;
       A* pml = splits > 1 ? mptr<A>(part_ml) : nullptr;
-      launch_smem(name, dev, items * splits, 32 * W, bytes(KT), &attention_fwd_kernel<T, NV, R>, g,
-                  cptr<T>(q), cptr<T>(k), cptr<T>(v), bias_p, bias_f32, mptr<T>(out), mptr<A>(lse),
+      launch_smem(name, dev, items * splits, 32 * W, bytes(KT),
+                  &attention_fwd_kernel<T, NV, R, DenseKv<T>>, g, cptr<T>(q),
+                  DenseKv<T>{cptr<T>(k), cptr<T>(v)}, bias_p, bias_f32, mptr<T>(out), mptr<A>(lse),
                   po, pml, row_tiles, splits, KT);
+      if (splits > 1)
+        launch(name, dev, grid_for(g.nrows, kRowsPerBlock), 32 * kRowsPerBlock,
+               &attention_merge_kernel<T>, static_cast<const A*>(po), static_cast<const A*>(pml),
+               mptr<T>(out), mptr<A>(lse), g.nrows, g.Dv, splits);
+    });
+  });
+}
+
+// Paged caches: the forward kernel with the keys read through the block tables, which go to
+// the device as one I64 tensor [page pointers | first | length] in a copy queued on the stream.
+// One kv head (G = Hq); the splits are chosen for the longest sequence.
+void paged_attention_cuda(const AttentionParams& p, const Tensor& q, const ops::PagedKv& kv,
+                          Tensor& out, Tensor& lse) {
+  const char* name = "paged_attention";
+  Geo g{};
+  g.B = q.size(0), g.Hq = q.size(1), g.Hkv = 1, g.G = g.Hq, g.Tq = q.size(2);
+  g.Dk = q.size(3), g.Dv = kv.dv;
+  g.rows = g.G * g.Tq, g.nrows = g.B * g.Hq * g.Tq;
+  for (int d = 0; d < 3; ++d) g.qs[d] = q.strides()[d];
+  g.scale = p.scale, g.causal = true;
+  for (int64_t len : kv.length) g.Tk = std::max(g.Tk, len);
+  if (g.nrows == 0) return;
+  const int dev = out.device().index;
+  const int64_t np = static_cast<int64_t>(kv.page.size());
+  std::vector<int64_t> table;
+  table.reserve(np + 2 * g.B);
+  for (const void* pg : kv.page)
+    table.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(pg)));
+  table.insert(table.end(), kv.first.begin(), kv.first.begin() + g.B);
+  table.insert(table.end(), kv.length.begin(), kv.length.end());
+  const Tensor dtable =
+      Tensor::empty({static_cast<int64_t>(table.size())}, DType::I64, out.device());
+  copy_to_device_async(dtable.data_ptr(), table.data(), table.size() * sizeof(int64_t), dev);
+  const int64_t* tp = cptr<int64_t>(dtable);
+  dispatch_float(name, q.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = Acc<T>;
+    check_dtypes<T>(name, q, Tensor{}, lse);
+    const PagedKvRows<T> rows{reinterpret_cast<const T* const*>(tp), tp + np, tp + np + g.B,
+                              kv.block_tokens, kv.row_stride};
+    with_dim_bucket(name, g.Dv, [&](auto nv) {
+      constexpr int NV = decltype(nv)::value, R = rows_per_warp(NV);
+      const int W = static_cast<int>(std::clamp<int64_t>((g.rows + R - 1) / R, 1, kRowWarps));
+      const int64_t RT = W * R, row_tiles = (g.rows + RT - 1) / RT;
+      auto bytes = [&](int64_t t) {
+        return static_cast<size_t>(RT * g.Dk + t * ((g.Dk | 1) + g.Dv)) * sizeof(A);
+      };
+      const int KT = pick_tile(name, dev, bytes);
+      const int64_t items = g.B * row_tiles;
+      const int splits = choose_splits(items, g.Tk, KT, dev);
+      Tensor part_o, part_ml;
+      if (splits > 1) {
+        part_o = Tensor::empty({splits * g.nrows * g.Dv}, acc_dtype<T>(), out.device());
+        part_ml = Tensor::empty({splits * g.nrows * 2}, acc_dtype<T>(), out.device());
+      }
+      A* po = splits > 1 ? mptr<A>(part_o) : nullptr;
+      A* pml = splits > 1 ? mptr<A>(part_ml) : nullptr;
+      launch_smem(name, dev, items * splits, 32 * W, bytes(KT),
+                  &attention_fwd_kernel<T, NV, R, PagedKvRows<T>>, g, cptr<T>(q), rows, nullptr,
+                  false, mptr<T>(out), mptr<A>(lse), po, pml, row_tiles, splits, KT);
       if (splits > 1)
         launch(name, dev, grid_for(g.nrows, kRowsPerBlock), 32 * kRowsPerBlock,
                &attention_merge_kernel<T>, static_cast<const A*>(po), static_cast<const A*>(pml),
@@ -806,5 +912,6 @@ void attention_backward_cuda(const AttentionParams& p, const Tensor& q, const Te
 MYRIAD_REGISTER_KERNEL(ops::attention_kernels, ops::Backend::CUDA, &attention_cuda);
 MYRIAD_REGISTER_KERNEL(ops::attention_backward_kernels, ops::Backend::CUDA,
                        &attention_backward_cuda);
+MYRIAD_REGISTER_KERNEL(ops::paged_attention_kernels, ops::Backend::CUDA, &paged_attention_cuda);
 
 }  // namespace myriad::gpu

@@ -60,6 +60,12 @@ void synchronize(int device) {
   CUDA_CHECK(cudaStreamSynchronize(current_stream(device)));
 }
 
+void copy_to_device_async(void* dst, const void* src, size_t bytes, int device) {
+  if (!bytes) return;
+  DeviceGuard g(device);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, current_stream(device)));
+}
+
 void check_launch(const char* kernel, const char* file, int line) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw_cuda_error(cat("launch of ", kernel).c_str(), file, line, e);

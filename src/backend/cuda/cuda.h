@@ -34,6 +34,10 @@ class DeviceGuard {
 cudaStream_t current_stream(int device);
 // Waits for the device's stream.
 void synchronize(int device);
+// Queues a copy of host bytes (ordinary pageable memory: small tables a kernel reads) to dst on
+// the device's stream, without waiting for the device: CUDA stages pageable memory before the
+// call returns, so src may go at once; the kernels queued after the copy see the bytes.
+void copy_to_device_async(void* dst, const void* src, size_t bytes, int device);
 // Raises the error of the last kernel launch, naming the kernel (use CUDA_CHECK_LAUNCH).
 void check_launch(const char* kernel, const char* file, int line);
 

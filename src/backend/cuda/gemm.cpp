@@ -13,9 +13,11 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/cuda.h"
 #include "core/error.h"
+#include "core/tensor.h"
 #include "ops/matmul.h"
 
 namespace myriad::gpu {
@@ -231,8 +233,64 @@ void gemm_cuda(const GemmArgs& g) {
                "cublasGemmStridedBatchedEx failed (", cublasGetStatusString(st), ")");
 }
 
+// Independent GEMMs (a MoE's experts) as one cublasGemmGroupedBatchedEx call: each GEMM is a
+// group of one, mapped onto column-major as gemm_cuda maps it, with the device pointer arrays
+// sent in one copy queued on the stream (the host does not wait). GEMMs with k = 0 (C = beta C) and
+// f64 ones run gemm_cuda; so does everything when cuBLAS declines the call
+// (CUBLAS_STATUS_NOT_SUPPORTED for a dtype or layout it lacks).
+void grouped_gemm_cuda(const std::vector<GemmArgs>& groups) {
+  std::vector<const GemmArgs*> work;
+  for (const GemmArgs& g : groups) {
+    if (g.dtype == DType::F64 || g.k == 0 || groups.size() == 1)
+      gemm_cuda(g);
+    else
+      work.push_back(&g);
+  }
+  if (work.empty()) return;
+  MYRIAD_CHECK(work[0]->dtype == DType::F32 || work[0]->dtype == DType::BF16, describe(*work[0]),
+               ": the cuda kernel supports f32, bf16 and f64");
+  const int64_t n = static_cast<int64_t>(work.size());
+  const int dev = work[0]->device.index;
+  std::vector<cublasOperation_t> ta, tb;
+  std::vector<int64_t> rows, cols, depth, lda, ldb, ldc, ptr(3 * n);
+  std::vector<float> alpha, beta;
+  for (int64_t i = 0; i < n; ++i) {
+    const GemmArgs& g = *work[i];
+    const auto ld = leading_dims(g);
+    ta.push_back(g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+    tb.push_back(g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    rows.push_back(g.n), cols.push_back(g.m), depth.push_back(g.k);
+    lda.push_back(ld[0]), ldb.push_back(ld[1]), ldc.push_back(ld[2]);
+    alpha.push_back(g.alpha), beta.push_back(g.beta);
+    ptr[i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(g.b));  // cuBLAS's A is our B
+    ptr[n + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(g.a));
+    ptr[2 * n + i] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(g.c));
+  }
+  const std::vector<int64_t> sizes(n, 1);
+  const Tensor dptr = Tensor::empty({3 * n}, DType::I64, work[0]->device);
+  copy_to_device_async(dptr.data_ptr(), ptr.data(), ptr.size() * sizeof(int64_t), dev);
+  const auto* p = static_cast<const void* const*>(dptr.data_ptr());
+  auto* c = const_cast<void* const*>(p + 2 * n);
+  const cudaDataType_t type = data_type(work[0]->dtype);
+  DeviceState& s = device_state(dev);
+  DeviceGuard guard(dev);
+  CUBLAS_CHECK(cublasSetStream(s.fallback, current_stream(dev)));
+  const cublasStatus_t st = cublasGemmGroupedBatchedEx_64(
+      s.fallback, ta.data(), tb.data(), rows.data(), cols.data(), depth.data(), alpha.data(), p,
+      type, lda.data(), p + n, type, ldb.data(), beta.data(), c, type, ldc.data(), n, sizes.data(),
+      CUBLAS_COMPUTE_32F);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+    for (const GemmArgs* g : work) gemm_cuda(*g);
+    return;
+  }
+  MYRIAD_CHECK(st == CUBLAS_STATUS_SUCCESS, "grouped gemm on ", work[0]->device.str(), ": ", n, " ",
+               dtype_name(work[0]->dtype), " GEMMs, first ", describe(*work[0]),
+               ": cublasGemmGroupedBatchedEx failed (", cublasGetStatusString(st), ")");
+}
+
 }  // namespace
 
 MYRIAD_REGISTER_KERNEL(ops::gemm_kernels, ops::Backend::CUDA, &gemm_cuda);
+MYRIAD_REGISTER_KERNEL(ops::grouped_gemm_kernels, ops::Backend::CUDA, &grouped_gemm_cuda);
 
 }  // namespace myriad::gpu
