@@ -330,6 +330,26 @@ void left_factors(int64_t r0, int64_t rows, int64_t kp, const float* Q, const fl
     left_factors_w<false>(r0, rows, kp, Q, Kc, G, Gl, ref, refl, EL, KL, QL);
 }
 
+// The left factors of an earlier block b of the same block row from the diagonal block's (whose
+// reference row is the block's middle row m): EL_b = EL_diag c, KL_b = KL_diag c, QL_b = QL_diag c
+// with c = exp(G_m - G_R) over k, R the last row of b (c <= 1: R comes before m). One exponential
+// per column instead of one per element: exp(G_r - G_R) = exp(G_r - G_m) exp(G_m - G_R).
+MYRIAD_CPU_CLONES void shifted_factors(int64_t kp, const float* __restrict gm,
+                                       const float* __restrict lm, const float* __restrict gr,
+                                       const float* __restrict lr, float* __restrict c,
+                                       const float* __restrict ELd, const float* __restrict KLd,
+                                       const float* __restrict QLd, float* __restrict EL,
+                                       float* __restrict KL, float* __restrict QL) {
+  for (int64_t d = 0; d < kp; ++d) c[d] = fast_exp((gm[d] - gr[d]) + (lm[d] - lr[d]));
+  for (int64_t r = 0; r < kBlk; ++r)
+    for (int64_t d = 0; d < kp; ++d) {
+      const int64_t o = r * kp + d;
+      if (EL) EL[o] = ELd[o] * c[d];
+      KL[o] = KLd[o] * c[d];
+      QL[o] = QLd[o] * c[d];
+    }
+}
+
 // The right factors of rows [i0, i1) against reference row (ref, refl): ER = exp(R - G_i) (when
 // ER is not null) and KR = K ER.
 MYRIAD_CPU_CLONES void right_factors(int64_t i0, int64_t i1, int64_t kp, const float* __restrict Kc,
@@ -601,9 +621,10 @@ struct Work {
   Buf Q, Kc, G, Gl, Gam, Ed, Qg, Kg, Kd, ER, KR, ED, KD;
   // [Kp, Cp]
   Buf KT, GT, LT, KRT, KDT;
-  // [16, Kp] each, or [pairs, 16, Kp] (per block pair (a, b <= a) of the chunk) when kept for
-  // the backward's pair gradients (the forward keeps one slot: with all of them it ran 0.95x)
-  Buf EL, KL, QL;
+  // [2, 16, Kp] each (the forward: the diagonal block's slot and one for the others; with a
+  // slot per pair it ran 0.95x), or [pairs, 16, Kp] (per block pair (a, b <= a) of the chunk)
+  // when kept for the backward's pair gradients. Cf [Kp]: shifted()'s column factors.
+  Buf EL, KL, QL, Cf;
   // For the backward: keeps the left factors of every block pair, and writes the buffers only
   // the backward reads (Gam and Ed of every row, EL, ER, ED).
   bool backward;
@@ -635,7 +656,8 @@ struct Work {
     mid.assign(Cp / kBlk, -1);
     const int64_t nb = Cp / kBlk;
     for (Buf* b : {&EL, &KL, &QL})
-      *b = Buf((backward ? nb * (nb + 1) / 2 : 1) * kBlk * Kp, buffers);
+      *b = Buf((backward ? nb * (nb + 1) / 2 : 2) * kBlk * Kp, buffers);
+    Cf = Buf(Kp, buffers);
     for (Buf* b : {&Vv, &R, &Vt, &O}) *b = Buf(Cp * Vp, buffers);
     Tb = Buf(kBlk * Vp, buffers);
     for (Buf* b : {&M, &P}) *b = Buf(Cp * Cp, buffers);
@@ -668,7 +690,7 @@ struct Work {
     const float *el, *kl, *ql, *er, *kr, *krt;
   };
   int64_t slot(int64_t r0, int64_t i0) const {
-    if (!backward) return 0;
+    if (!backward) return i0 == r0 ? kBlk * Kp : 0;  // the diagonal's, and one for the rest
     const int64_t a = r0 / kBlk;
     return (a * (a + 1) / 2 + i0 / kBlk) * kBlk * Kp;
   }
@@ -682,6 +704,15 @@ struct Work {
     const int64_t ref = (i0 == r0 ? mid[r0 / kBlk] : i0 + kBlk - 1) * Kp, at = slot(r0, i0);
     left_factors(r0, r1 - r0, Kp, Q.data(), Kc.data(), G.data(), Gl.data(), &G[ref], &Gl[ref],
                  backward ? &EL[at] : nullptr, &KL[at], &QL[at]);
+    return factors(r0, i0);
+  }
+  // Block (r0, i0 < r0) from the diagonal block's left factors, computed first (see
+  // shifted_factors).
+  Factors shifted(int64_t r0, int64_t i0) {
+    const int64_t m = mid[r0 / kBlk] * Kp, ref = (i0 + kBlk - 1) * Kp, at = slot(r0, i0),
+                  dg = slot(r0, r0);
+    shifted_factors(Kp, &G[m], &Gl[m], &G[ref], &Gl[ref], Cf.data(), &EL[dg], &KL[dg], &QL[dg],
+                    backward ? &EL[at] : nullptr, &KL[at], &QL[at]);
     return factors(r0, i0);
   }
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
@@ -733,13 +764,16 @@ struct Work {
     }
     for (int64_t r0 = 0; r0 < cn; r0 += kBlk) {
       const int64_t r1 = std::min(cn, r0 + kBlk);
+      // With a factorised diagonal block, its left factors (taken first) give the others'.
+      const bool shift = !direct(r0, r0);
+      if (shift) left(r0, r1, r0);
       for (int64_t i0 = 0; i0 <= r0; i0 += kBlk) {
         if (direct(r0, i0)) {
           pair_sums_direct(r0, r1, i0, K, Cp, Kp, Q.data(), Kc.data(), G.data(), Gl.data(),
                            KT.data(), GT.data(), LT.data(), M.data(), P.data());
           continue;
         }
-        const Factors f = left(r0, r1, i0);
+        const Factors f = i0 == r0 ? factors(r0, i0) : shift ? shifted(r0, i0) : left(r0, r1, i0);
         mm(kBlk, kBlk, K, f.kl, Kp, 1, f.krt, Cp, &M[r0 * Cp + i0], Cp, false);
         mm(kBlk, kBlk, K, f.ql, Kp, 1, f.krt, Cp, &P[r0 * Cp + i0], Cp, false);
         if (i0 == r0)  // clear the non-causal half of a diagonal block
