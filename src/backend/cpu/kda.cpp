@@ -330,24 +330,24 @@ void left_factors(int64_t r0, int64_t rows, int64_t kp, const float* Q, const fl
     left_factors_w<false>(r0, rows, kp, Q, Kc, G, Gl, ref, refl, EL, KL, QL);
 }
 
-// The left factors of an earlier block b of the same block row from the diagonal block's (whose
-// reference row is the block's middle row m): EL_b = EL_diag c, KL_b = KL_diag c, QL_b = QL_diag c
-// with c = exp(G_m - G_R) over k, R the last row of b (c <= 1: R comes before m). One exponential
-// per column instead of one per element: exp(G_r - G_R) = exp(G_r - G_m) exp(G_m - G_R).
-MYRIAD_CPU_CLONES void shifted_factors(int64_t kp, const float* __restrict gm,
-                                       const float* __restrict lm, const float* __restrict gr,
-                                       const float* __restrict lr, float* __restrict c,
-                                       const float* __restrict ELd, const float* __restrict KLd,
-                                       const float* __restrict QLd, float* __restrict EL,
-                                       float* __restrict KL, float* __restrict QL) {
+// Block (a, b < a) of a block row whose diagonal block is factorised (reference: its middle row
+// m) reuses the diagonal block's left factors: exp(G_r - G_i) = EL_r c ER_i with EL_r =
+// exp(G_r - G_m) (the diagonal block's), c = exp(G_m - G_R) <= 1 over k (R, the last row of b,
+// comes before m) and ER_i = exp(G_R - G_i) (b's right factors). So M_ab = KL_diag (KR_b c)^T:
+// one exponential per column and one scaled copy of b's transposed right factors (KRT's rows
+// d < k, columns [i0, i0 + 16) times c_d, into rs [k, 16]) instead of an exponential per element.
+MYRIAD_CPU_CLONES void column_factors(int64_t kp, int64_t k, int64_t cp, const float* __restrict gm,
+                                      const float* __restrict lm, const float* __restrict gr,
+                                      const float* __restrict lr, const float* __restrict krt,
+                                      float* __restrict c, float* __restrict rs) {
   for (int64_t d = 0; d < kp; ++d) c[d] = fast_exp((gm[d] - gr[d]) + (lm[d] - lr[d]));
-  for (int64_t r = 0; r < kBlk; ++r)
-    for (int64_t d = 0; d < kp; ++d) {
-      const int64_t o = r * kp + d;
-      if (EL) EL[o] = ELd[o] * c[d];
-      KL[o] = KLd[o] * c[d];
-      QL[o] = QLd[o] * c[d];
-    }
+  using V = Lanes<kBlk>::F;  // a row of 16 as one vector (as plain loops GCC shuffled xmm lanes)
+  for (int64_t d = 0; d < k; ++d) {
+    V x;
+    std::memcpy(&x, krt + d * cp, sizeof x);
+    x *= c[d];
+    std::memcpy(rs + d * kBlk, &x, sizeof x);
+  }
 }
 
 // The right factors of rows [i0, i1) against reference row (ref, refl): ER = exp(R - G_i) (when
@@ -381,6 +381,18 @@ MYRIAD_CPU_CLONES void shifted_right_factors(int64_t i0, int64_t i1, int64_t kp,
       if (ED) ED[x] = ER[x] * c[d];
       KD[x] = KR[x] * c[d];
     }
+}
+
+// y[:n] += a[:n] * c[:n] * b[:n]
+MYRIAD_CPU_CLONES void fma3_rows(float* __restrict y, const float* __restrict a,
+                                 const float* __restrict c, const float* __restrict b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += (a[i] * c[i]) * b[i];
+}
+// rs[i, :] = kr[i, :] * c for rows i < n of width kp.
+MYRIAD_CPU_CLONES void scale_cols(int64_t n, int64_t kp, const float* __restrict kr,
+                                  const float* __restrict c, float* __restrict rs) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < kp; ++d) rs[i * kp + d] = kr[i * kp + d] * c[d];
 }
 
 // y[:n] += a[:n] * b[:n]
@@ -641,8 +653,12 @@ struct Work {
   Buf KT, GT, LT, KRT, KDT;
   // [2, 16, Kp] each (the forward: the diagonal block's slot and one for the others; with a
   // slot per pair it ran 0.95x), or [pairs, 16, Kp] (per block pair (a, b <= a) of the chunk)
-  // when kept for the backward's pair gradients. Cf [Kp]: shifted()'s column factors.
-  Buf EL, KL, QL, Cf;
+  // when kept for the backward's pair gradients (pairs of a row with a factorised diagonal block
+  // keep only their column factors: see column_factors).
+  Buf EL, KL, QL;
+  // Column factors c of the pairs (a, b < a) of such rows ([pairs, Kp], or [Kp] in the forward)
+  // and the scaled right factors of one pair ([Kp, 16]).
+  Buf Cab, RSc;
   // For the backward: keeps the left factors of every block pair, and writes the buffers only
   // the backward reads (Gam and Ed of every row, EL, ER, ED).
   bool backward;
@@ -675,7 +691,8 @@ struct Work {
     const int64_t nb = Cp / kBlk;
     for (Buf* b : {&EL, &KL, &QL})
       *b = Buf((backward ? nb * (nb + 1) / 2 : 2) * kBlk * Kp, buffers);
-    Cf = Buf(Kp, buffers);
+    Cab = Buf((backward ? nb * (nb + 1) / 2 : 1) * Kp, buffers);
+    RSc = Buf(Kp * kBlk, buffers);
     for (Buf* b : {&Vv, &R, &Vt, &O}) *b = Buf(Cp * Vp, buffers);
     Tb = Buf(kBlk * Vp, buffers);
     for (Buf* b : {&M, &P}) *b = Buf(Cp * Cp, buffers);
@@ -724,15 +741,14 @@ struct Work {
                  backward ? &EL[at] : nullptr, &KL[at], &QL[at]);
     return factors(r0, i0);
   }
-  // Block (r0, i0 < r0) from the diagonal block's left factors, computed first (see
-  // shifted_factors).
-  Factors shifted(int64_t r0, int64_t i0) {
-    const int64_t m = mid[r0 / kBlk] * Kp, ref = (i0 + kBlk - 1) * Kp, at = slot(r0, i0),
-                  dg = slot(r0, r0);
-    shifted_factors(Kp, &G[m], &Gl[m], &G[ref], &Gl[ref], Cf.data(), &EL[dg], &KL[dg], &QL[dg],
-                    backward ? &EL[at] : nullptr, &KL[at], &QL[at]);
-    return factors(r0, i0);
+  // The column factors of pair (r0, i0 < r0) of a row whose diagonal block is factorised.
+  float* cab(int64_t r0, int64_t i0) {
+    if (!backward) return Cab.data();
+    const int64_t a = r0 / kBlk;
+    return &Cab[(a * (a + 1) / 2 + i0 / kBlk) * Kp];
   }
+  // Whether block row r0's pairs derive from its diagonal block's factors (column_factors).
+  bool shifts(int64_t r0) const { return factor && mid[r0 / kBlk] >= 0; }
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
 
   // Loads chunk [t0, t0 + cn) of (b, h) and computes everything up to Ṽ from the state S.
@@ -765,8 +781,9 @@ struct Work {
         const int64_t m = (i0 + i1 - 1) / 2;
         mid[i0 / kBlk] = span <= 80.0f ? m : -1;
         if (span <= 80.0f)
-          shifted_right_factors(i0, i1, Kp, &G[m * Kp], &Gl[m * Kp], &G[last], &Gl[last], Cf.data(),
-                                ER.data(), KR.data(), backward ? ED.data() : nullptr, KD.data());
+          shifted_right_factors(i0, i1, Kp, &G[m * Kp], &Gl[m * Kp], &G[last], &Gl[last],
+                                RSc.data(), ER.data(), KR.data(), backward ? ED.data() : nullptr,
+                                KD.data());
       }
     if (factor) {
       transpose(KR.data(), Cp, Kp, Kp, KRT.data(), Cp);
@@ -782,8 +799,8 @@ struct Work {
     }
     for (int64_t r0 = 0; r0 < cn; r0 += kBlk) {
       const int64_t r1 = std::min(cn, r0 + kBlk);
-      // With a factorised diagonal block, its left factors (taken first) give the others'.
-      const bool shift = !direct(r0, r0);
+      // With a factorised diagonal block, its left factors (taken first) serve the whole row.
+      const bool shift = shifts(r0);
       if (shift) left(r0, r1, r0);
       for (int64_t i0 = 0; i0 <= r0; i0 += kBlk) {
         if (direct(r0, i0)) {
@@ -791,7 +808,16 @@ struct Work {
                            KT.data(), GT.data(), LT.data(), M.data(), P.data());
           continue;
         }
-        const Factors f = i0 == r0 ? factors(r0, i0) : shift ? shifted(r0, i0) : left(r0, r1, i0);
+        if (shift && i0 < r0) {
+          const int64_t m = mid[r0 / kBlk] * Kp, ref = (i0 + kBlk - 1) * Kp;
+          column_factors(Kp, K, Cp, &G[m], &Gl[m], &G[ref], &Gl[ref], &KRT[i0], cab(r0, i0),
+                         RSc.data());
+          const Factors d = factors(r0, r0);
+          mm(kBlk, kBlk, K, d.kl, Kp, 1, RSc.data(), kBlk, &M[r0 * Cp + i0], Cp, false);
+          mm(kBlk, kBlk, K, d.ql, Kp, 1, RSc.data(), kBlk, &P[r0 * Cp + i0], Cp, false);
+          continue;
+        }
+        const Factors f = i0 == r0 ? factors(r0, i0) : left(r0, r1, i0);
         mm(kBlk, kBlk, K, f.kl, Kp, 1, f.krt, Cp, &M[r0 * Cp + i0], Cp, false);
         mm(kBlk, kBlk, K, f.ql, Kp, 1, f.krt, Cp, &P[r0 * Cp + i0], Cp, false);
         if (i0 == r0)  // clear the non-causal half of a diagonal block
@@ -885,7 +911,7 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
     Buf ST(tsz * Vp * Kp, n), dST(tsz * Vp * Kp, n), VtT(tsz * Vp * Cp, n);
     Buf DOS(Cp * Kp, n), VDS(Cp * Kp, n), NRS(Cp * Kp, n), Ga(Cp * Kp, n), Gb(Cp * Kp, n),
         Gc(Cp * Kp, n), dG(Cp * Kp, n), dQ(Cp * Kp, n), dK(Cp * Kp, n), T1(kBlk * Kp, n),
-        T2(kBlk * Kp, n);
+        T2(kBlk * Kp, n), RS(Cp * Kp, n);
     Buf dP(Cp * Cp, n), XV(Cp * Cp, n), dM(Cp * Cp, n), dbeta(Cp, n);
     Buf dS(Kp * Vp, n), dSn(Kp * Vp, n);
     // The tile products' pairs of dO, S^T, dS'^T and Ṽ^T, and of dS' or nDR (each used right
@@ -966,6 +992,34 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         std::fill(Gc.begin(), Gc.end(), 0.0f);
         for (int64_t r0 = 0; r0 < cn; r0 += kBlk) {
           const int64_t r1 = std::min(cn, r0 + kBlk);
+          if (w.shifts(r0)) {  // every pair of the row through the diagonal block's factors
+            // a_r += EL_r (dM [KR_b c_ab; KD])_r, b_r likewise with dP: one product over the row
+            const Work::Factors d = w.factors(r0, r0);
+            for (int64_t i0 = 0; i0 < r0; i0 += kBlk)
+              scale_cols(kBlk, Kp, &w.KR[i0 * Kp], w.cab(r0, i0), &RS[i0 * Kp]);
+            for (auto [dX, Gx] :
+                 {std::pair{dM.data(), Ga.data()}, std::pair{dP.data(), Gb.data()}}) {
+              if (r0 > 0)
+                mm(kBlk, Kp, r0, &dX[r0 * Cp], Cp, 1, RS.data(), Kp, T1.data(), Kp, false);
+              mm(kBlk, Kp, kBlk, &dX[r0 * Cp + r0], Cp, 1, d.kr, Kp, T1.data(), Kp, r0 > 0);
+              for (int64_t r = 0; r < r1 - r0; ++r)
+                fma_rows(&Gx[(r0 + r) * Kp], d.el + r * Kp, &T1[r * Kp], Kp);
+            }
+            // c_i += ER_i c_ab (dM^T KL_diag + dP^T QL_diag)_i (c = 1 and ED on the diagonal)
+            for (int64_t i0 = 0; i0 <= r0; i0 += kBlk) {
+              mm(kBlk, Kp, kBlk, &dM[r0 * Cp + i0], 1, Cp, d.kl, Kp, T2.data(), Kp, false);
+              mm(kBlk, Kp, kBlk, &dP[r0 * Cp + i0], 1, Cp, d.ql, Kp, T2.data(), Kp, true);
+              if (i0 == r0) {
+                for (int64_t i = 0; i < kBlk; ++i)
+                  fma_rows(&Gc[(i0 + i) * Kp], d.er + i * Kp, &T2[i * Kp], Kp);
+              } else {
+                const float* c = w.cab(r0, i0);
+                for (int64_t i = 0; i < kBlk; ++i)
+                  fma3_rows(&Gc[(i0 + i) * Kp], &w.ER[(i0 + i) * Kp], c, &T2[i * Kp], Kp);
+              }
+            }
+            continue;
+          }
           for (int64_t i0 = 0; i0 <= r0; i0 += kBlk) {
             if (w.direct(r0, i0)) {
               pair_grads_direct(r0, r1, i0, i0 + kBlk, Kp, Cp, w.Q.data(), w.Kc.data(), w.G.data(),
