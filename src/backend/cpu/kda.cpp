@@ -435,25 +435,28 @@ MYRIAD_CPU_CLONES void pair_grads_direct(int64_t r0, int64_t r1, int64_t i0, int
   }
 }
 
-// Whether no value of x[:n] is > 0 (NaN counts as not), as one vectorised pass: a running
-// std::max over the chunk's gates was a scalar dependency chain, 42% of the chunk's own time in a
-// forward profile.
-MYRIAD_CPU_CLONES bool no_positive(const float* __restrict x, int64_t n) {
+// Loads the chunk's gates (rows of k values, `stride` apart) as the in-chunk cumulative
+// log-decay G + Gl, an unevaluated sum (Knuth's two-sum), so that differences G_r - G_i keep f32
+// accuracy when a strongly negative gate made |G| large ([cn, kp]; the padding columns are left
+// alone, zero). Returns whether no gate is > 0 (NaN counts as not), in the same vectorised pass:
+// a running std::max over the gates was a scalar dependency chain, 42% of the chunk's own time
+// in a forward profile, and a pass of its own cost a read of the chunk.
+MYRIAD_CPU_CLONES bool load_gates(const float* __restrict g, int64_t stride, int64_t cn, int64_t k,
+                                  int64_t kp, float* __restrict G, float* __restrict Gl) {
   int any = 0;
-  for (int64_t i = 0; i < n; ++i) any |= x[i] > 0.0f;
-  return any == 0;
-}
-
-// In-chunk cumulative log-decay G = G + Gl as an unevaluated sum (Knuth's two-sum), so that
-// differences G_r - G_i keep f32 accuracy when a strongly negative gate made |G| large.
-MYRIAD_CPU_CLONES void cumsum2(int64_t cn, int64_t kp, float* __restrict G, float* __restrict Gl) {
-  for (int64_t d = 0; d < kp; ++d) Gl[d] = 0.0f;
+  for (int64_t d = 0; d < k; ++d) {
+    G[d] = g[d];
+    Gl[d] = 0.0f;
+    any |= g[d] > 0.0f;
+  }
   for (int64_t r = 1; r < cn; ++r)
-    for (int64_t d = 0; d < kp; ++d) {
-      const float a = G[(r - 1) * kp + d], b = G[r * kp + d], s = a + b, bb = s - a;
+    for (int64_t d = 0; d < k; ++d) {
+      const float a = G[(r - 1) * kp + d], b = g[r * stride + d], s = a + b, bb = s - a;
+      any |= b > 0.0f;
       G[r * kp + d] = s;
       Gl[r * kp + d] = Gl[(r - 1) * kp + d] + ((a - (s - bb)) + (b - bb));
     }
+  return any == 0;
 }
 
 // Decays and gated copies of one chunk: Gam = exp(G), Ed = exp(G_last - G), Qg = Q Gam,
@@ -765,10 +768,9 @@ struct Work {
     load(a.q, row_qk(b, t0, h), H * K, cn, K, scale, Q.data(), Kp);
     load(a.k, row_qk(b, t0, h), H * K, cn, K, 1.0f, Kc.data(), Kp);
     load(a.v, row_v(b, t0, h), H * V, cn, V, 1.0f, Vv.data(), Vp);
-    load(a.g, row_qk(b, t0, h), H * K, cn, K, 1.0f, G.data(), Kp);
     for (int64_t r = 0; r < cn; ++r) beta[r] = a.beta.data<float>()[(b * T + t0 + r) * H + h];
-    factor = no_positive(G.data(), cn * Kp);  // (the zero padding does not change the answer)
-    cumsum2(cn, Kp, G.data(), Gl.data());
+    factor =
+        load_gates(a.g.data<float>() + row_qk(b, t0, h), H * K, cn, K, Kp, G.data(), Gl.data());
     decays(cn, Kp, backward, Q.data(), Kc.data(), G.data(), Gl.data(), Gam.data(), Ed.data(),
            Qg.data(), Kg.data(), Kd.data());
     if (factor)
