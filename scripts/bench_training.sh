@@ -9,7 +9,8 @@
 #      round), and both loss curves over the same steps;
 #   3. the KDA chunk kernel's forward + backward at B=1, T=4096, H=4, K=V=64 (bench_kda; FLOPs by
 #      MODEL.md's count, 3x the forward's), with f32 inputs and with bf16 ones (bf16 training's;
-#      on an AMX CPU their products run on the tile unit), both against the f32 peak;
+#      on an AMX CPU their products run on the tile unit), both against the f32 peak; each the
+#      best of ROUNDS repetitions, as the peak is the best of its ROUNDS probes;
 #   4. one MoE FFN layer's forward + backward alone (bench_model --profile=2, median of 50).
 #
 #   scripts/bench_training.sh         settings: OMP_NUM_THREADS (2), ROUNDS (3), STEPS (8),
@@ -54,10 +55,10 @@ paste <(grep -E '^  step ' "$dir/f32.1.log" | awk '{ print $2, $NF }') \
   <(grep -E '^  step ' "$dir/bf16.1.log" | awk '{ print $NF }') |
   awk '{ printf "  step %2d  f32 %.6f  bf16 %.6f  (bf16 - f32 %+.6f)\n", $1, $2, $3, $3 - $2 }'
 
-kda=$("$build/bench_kda" --reference=0 2>&1 | tee "$dir/kda.log" |
-  awk '/chunked forward\+backward/ { print $3 }')
-kda_bf16=$("$build/bench_kda" --bf16=1 2>&1 | tee "$dir/kda_bf16.log" |
-  awk '/chunked forward\+backward/ { print $3 }')
+kda=$("$build/bench_kda" --reference=0 --benchmark_repetitions="$ROUNDS" 2>&1 |
+  tee "$dir/kda.log" | awk '/chunked forward\+backward/ { print $3 }')
+kda_bf16=$("$build/bench_kda" --bf16=1 --benchmark_repetitions="$ROUNDS" 2>&1 |
+  tee "$dir/kda_bf16.log" | awk '/chunked forward\+backward/ { print $3 }')
 moe=$("$build/bench_model" "$dir/config.json" --B=2 --T=1024 --steps=1 --warmup=0 --profile=2 2>&1 |
   tee "$dir/moe.log" | awk '/MoE FFN/ { print $4, $7 }')
 moe_peak=$(grep '^RESULT' "$dir/moe.log" | tail -1)
