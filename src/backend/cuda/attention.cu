@@ -727,44 +727,51 @@ constexpr int kRowWarps = 4;      // warps per block, forward and dq
 constexpr int kKeyWarps = 8;      // warps per block, dk/dv
 constexpr int kRowsPerBlock = 8;  // one warp per row in the small kernels (256 threads)
 
+// The forward kernel over keys and values from kv (DenseKv, PagedKvRows), then the merge of its
+// key splits when there are several.
+template <class T, class Kv>
+void run_forward(const char* name, const Geo& g, const Tensor& q, const Kv& kv, const void* bias,
+                 bool bias_f32, Tensor& out, Tensor& lse) {
+  using A = Acc<T>;
+  const int dev = out.device().index;
+  with_dim_bucket(name, g.Dv, [&](auto nv) {
+    constexpr int NV = decltype(nv)::value, R = rows_per_warp(NV);
+    const int W = static_cast<int>(std::clamp<int64_t>((g.rows + R - 1) / R, 1, kRowWarps));
+    const int64_t RT = W * R, row_tiles = (g.rows + RT - 1) / RT;
+    auto bytes = [&](int64_t t) {
+      return static_cast<size_t>(RT * g.Dk + t * ((g.Dk | 1) + g.Dv)) * sizeof(A);
+    };
+    const int KT = pick_tile(name, dev, bytes);
+    const int64_t items = g.B * g.Hkv * row_tiles;
+    const int splits = choose_splits(items, g.Tk, KT, dev);
+    Tensor part_o, part_ml;
+    if (splits > 1) {
+      part_o = Tensor::empty({splits * g.nrows * g.Dv}, acc_dtype<T>(), out.device());
+      part_ml = Tensor::empty({splits * g.nrows * 2}, acc_dtype<T>(), out.device());
+    }
+    A* po = splits > 1 ? mptr<A>(part_o) : nullptr;
+    A* pml = splits > 1 ? mptr<A>(part_ml) : nullptr;
+    launch_smem(name, dev, items * splits, 32 * W, bytes(KT), &attention_fwd_kernel<T, NV, R, Kv>,
+                g, cptr<T>(q), kv, bias, bias_f32, mptr<T>(out), mptr<A>(lse), po, pml, row_tiles,
+                splits, KT);
+    if (splits > 1)
+      launch(name, dev, grid_for(g.nrows, kRowsPerBlock), 32 * kRowsPerBlock,
+             &attention_merge_kernel<T>, static_cast<const A*>(po), static_cast<const A*>(pml),
+             mptr<T>(out), mptr<A>(lse), g.nrows, g.Dv, splits);
+  });
+}
+
 void attention_cuda(const AttentionParams& p, const Tensor& q, const Tensor& k, const Tensor& v,
                     const Tensor& bias, Tensor& out, Tensor& lse) {
   const char* name = "attention";
   const Geo g = make_geo(p, q, k, v, nullptr);
   if (g.nrows == 0) return;
-  const int dev = out.device().index;
   dispatch_float(name, q.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = Acc<T>;
     check_dtypes<T>(name, q, bias, lse);
     const void* bias_p = bias.defined() ? bias.data_ptr() : nullptr;
     const bool bias_f32 = bias.defined() && bias.dtype() == DType::F32;
-    with_dim_bucket(name, g.Dv, [&](auto nv) {
-      constexpr int NV = decltype(nv)::value, R = rows_per_warp(NV);
-      const int W = static_cast<int>(std::clamp<int64_t>((g.rows + R - 1) / R, 1, kRowWarps));
-      const int64_t RT = W * R, row_tiles = (g.rows + RT - 1) / RT;
-      auto bytes = [&](int64_t t) {
-        return static_cast<size_t>(RT * g.Dk + t * ((g.Dk | 1) + g.Dv)) * sizeof(A);
-      };
-      const int KT = pick_tile(name, dev, bytes);
-      const int64_t items = g.B * g.Hkv * row_tiles;
-      const int splits = choose_splits(items, g.Tk, KT, dev);
-      Tensor part_o, part_ml;
-      if (splits > 1) {
-        part_o = Tensor::empty({splits * g.nrows * g.Dv}, acc_dtype<T>(), out.device());
-        part_ml = Tensor::empty({splits * g.nrows * 2}, acc_dtype<T>(), out.device());
-      }
-      A* po = splits > 1 ? mptr<A>(part_o) : nullptr;
-      A* pml = splits > 1 ? mptr<A>(part_ml) : nullptr;
-      launch_smem(name, dev, items * splits, 32 * W, bytes(KT),
-                  &attention_fwd_kernel<T, NV, R, DenseKv<T>>, g, cptr<T>(q),
-                  DenseKv<T>{cptr<T>(k), cptr<T>(v)}, bias_p, bias_f32, mptr<T>(out), mptr<A>(lse),
-                  po, pml, row_tiles, splits, KT);
-      if (splits > 1)
-        launch(name, dev, grid_for(g.nrows, kRowsPerBlock), 32 * kRowsPerBlock,
-               &attention_merge_kernel<T>, static_cast<const A*>(po), static_cast<const A*>(pml),
-               mptr<T>(out), mptr<A>(lse), g.nrows, g.Dv, splits);
-    });
+    run_forward<T>(name, g, q, DenseKv<T>{cptr<T>(k), cptr<T>(v)}, bias_p, bias_f32, out, lse);
   });
 }
 
@@ -796,35 +803,10 @@ void paged_attention_cuda(const AttentionParams& p, const Tensor& q, const ops::
   const int64_t* tp = cptr<int64_t>(dtable);
   dispatch_float(name, q.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    using A = Acc<T>;
     check_dtypes<T>(name, q, Tensor{}, lse);
     const PagedKvRows<T> rows{reinterpret_cast<const T* const*>(tp), tp + np, tp + np + g.B,
                               kv.block_tokens, kv.row_stride};
-    with_dim_bucket(name, g.Dv, [&](auto nv) {
-      constexpr int NV = decltype(nv)::value, R = rows_per_warp(NV);
-      const int W = static_cast<int>(std::clamp<int64_t>((g.rows + R - 1) / R, 1, kRowWarps));
-      const int64_t RT = W * R, row_tiles = (g.rows + RT - 1) / RT;
-      auto bytes = [&](int64_t t) {
-        return static_cast<size_t>(RT * g.Dk + t * ((g.Dk | 1) + g.Dv)) * sizeof(A);
-      };
-      const int KT = pick_tile(name, dev, bytes);
-      const int64_t items = g.B * row_tiles;
-      const int splits = choose_splits(items, g.Tk, KT, dev);
-      Tensor part_o, part_ml;
-      if (splits > 1) {
-        part_o = Tensor::empty({splits * g.nrows * g.Dv}, acc_dtype<T>(), out.device());
-        part_ml = Tensor::empty({splits * g.nrows * 2}, acc_dtype<T>(), out.device());
-      }
-      A* po = splits > 1 ? mptr<A>(part_o) : nullptr;
-      A* pml = splits > 1 ? mptr<A>(part_ml) : nullptr;
-      launch_smem(name, dev, items * splits, 32 * W, bytes(KT),
-                  &attention_fwd_kernel<T, NV, R, PagedKvRows<T>>, g, cptr<T>(q), rows, nullptr,
-                  false, mptr<T>(out), mptr<A>(lse), po, pml, row_tiles, splits, KT);
-      if (splits > 1)
-        launch(name, dev, grid_for(g.nrows, kRowsPerBlock), 32 * kRowsPerBlock,
-               &attention_merge_kernel<T>, static_cast<const A*>(po), static_cast<const A*>(pml),
-               mptr<T>(out), mptr<A>(lse), g.nrows, g.Dv, splits);
-    });
+    run_forward<T>(name, g, q, rows, nullptr, false, out, lse);
   });
 }
 
