@@ -365,24 +365,6 @@ MYRIAD_CPU_CLONES void right_factors(int64_t i0, int64_t i1, int64_t kp, const f
     }
 }
 
-// The diagonal block's right factors from the others' (reference row: the block's last row l)
-// for rows [i0, i1) against its middle row m: ED = ER c, KD = KR c with c = exp(G_m - G_l) over k
-// (c >= 1, at most e^40 where the block is factorised): exp(G_m - G_i) = exp(G_l - G_i) c.
-MYRIAD_CPU_CLONES void shifted_right_factors(int64_t i0, int64_t i1, int64_t kp,
-                                             const float* __restrict gm, const float* __restrict lm,
-                                             const float* __restrict gl, const float* __restrict ll,
-                                             float* __restrict c, const float* __restrict ER,
-                                             const float* __restrict KR, float* __restrict ED,
-                                             float* __restrict KD) {
-  for (int64_t d = 0; d < kp; ++d) c[d] = fast_exp((gm[d] - gl[d]) + (lm[d] - ll[d]));
-  for (int64_t i = i0; i < i1; ++i)
-    for (int64_t d = 0; d < kp; ++d) {
-      const int64_t x = i * kp + d;
-      if (ED) ED[x] = ER[x] * c[d];
-      KD[x] = KR[x] * c[d];
-    }
-}
-
 // y[:n] += a[:n] * c[:n] * b[:n]
 MYRIAD_CPU_CLONES void fma3_rows(float* __restrict y, const float* __restrict a,
                                  const float* __restrict c, const float* __restrict b, int64_t n) {
@@ -783,9 +765,8 @@ struct Work {
         const int64_t m = (i0 + i1 - 1) / 2;
         mid[i0 / kBlk] = span <= 80.0f ? m : -1;
         if (span <= 80.0f)
-          shifted_right_factors(i0, i1, Kp, &G[m * Kp], &Gl[m * Kp], &G[last], &Gl[last],
-                                RSc.data(), ER.data(), KR.data(), backward ? ED.data() : nullptr,
-                                KD.data());
+          right_factors(i0, i1, Kp, Kc.data(), G.data(), Gl.data(), &G[m * Kp], &Gl[m * Kp],
+                        backward ? ED.data() : nullptr, KD.data());
       }
     if (factor) {
       transpose(KR.data(), Cp, Kp, Kp, KRT.data(), Cp);
