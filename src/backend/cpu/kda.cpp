@@ -636,10 +636,10 @@ struct Work {
   Buf Q, Kc, G, Gl, Gam, Ed, Qg, Kg, Kd, ER, KR, ED, KD;
   // [Kp, Cp]
   Buf KT, GT, LT, KRT, KDT;
-  // [2, 16, Kp] each (the forward: the diagonal block's slot and one for the others; with a
-  // slot per pair it ran 0.95x), or [pairs, 16, Kp] (per block pair (a, b <= a) of the chunk)
-  // when kept for the backward's pair gradients (pairs of a row with a factorised diagonal block
-  // keep only their column factors: see column_factors).
+  // [16, Kp] each, or [pairs, 16, Kp] (per block pair (a, b <= a) of the chunk) when kept for
+  // the backward's pair gradients (the forward keeps one slot: with all of them it ran 0.95x).
+  // A block row uses either its diagonal block's factors alone (factorised: see column_factors)
+  // or its other blocks' (a direct diagonal block), so one slot serves the forward.
   Buf EL, KL, QL;
   // Column factors c of the pairs (a, b < a) of such rows ([pairs, Kp], or [Kp] in the forward)
   // and the scaled right factors of one pair ([Kp, 16]).
@@ -675,7 +675,7 @@ struct Work {
     mid.assign(Cp / kBlk, -1);
     const int64_t nb = Cp / kBlk;
     for (Buf* b : {&EL, &KL, &QL})
-      *b = Buf((backward ? nb * (nb + 1) / 2 : 2) * kBlk * Kp, buffers);
+      *b = Buf((backward ? nb * (nb + 1) / 2 : 1) * kBlk * Kp, buffers);
     Cab = Buf((backward ? nb * (nb + 1) / 2 : 1) * Kp, buffers);
     RSc = Buf(Kp * kBlk, buffers);
     for (Buf* b : {&Vv, &R, &Vt, &O}) *b = Buf(Cp * Vp, buffers);
@@ -710,7 +710,7 @@ struct Work {
     const float *el, *kl, *ql, *er, *kr, *krt;
   };
   int64_t slot(int64_t r0, int64_t i0) const {
-    if (!backward) return i0 == r0 ? kBlk * Kp : 0;  // the diagonal's, and one for the rest
+    if (!backward) return 0;
     const int64_t a = r0 / kBlk;
     return (a * (a + 1) / 2 + i0 / kBlk) * kBlk * Kp;
   }
