@@ -7,6 +7,8 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/cpu/cpu.h"
 #include "backend/cpu/rows.h"
@@ -88,6 +90,22 @@ TEST(CpuThreads, FlushSubnormalsIsScoped) {
 #else
   GTEST_SKIP() << "x86 only";
 #endif
+}
+
+// Heavy items (a KDA head's whole sequence) split over the threads whatever the wait policy;
+// parallel_for asks 16 times the grain when idle threads sleep (OMP_WAIT_POLICY=passive, as the
+// test runner and scripts/main.sh set), which had left KDA's training kernels on one thread.
+TEST(CpuThreads, HeavyItemsSplitWhateverTheWaitPolicy) {
+  if (omp_get_max_threads() < 2) GTEST_SKIP() << "needs 2 OpenMP threads";
+  const auto ranges = [](auto&& run) {
+    std::vector<std::pair<int64_t, int64_t>> seen(8, {-1, -1});
+    run([&](int64_t b, int64_t e) { seen[omp_get_thread_num()] = {b, e}; });
+    int n = 0;
+    for (auto [b, e] : seen) n += b >= 0;
+    return n;
+  };
+  EXPECT_EQ(ranges([](auto f) { cpu::parallel_split(4, 1, f); }), 2);
+  EXPECT_EQ(ranges([](auto f) { cpu::parallel_for(4, 1, f); }), cpu::threads_sleep() ? 1 : 2);
 }
 
 // The branch-free softplus the CPU unary kernel vectorises (libm's log1pf does not): within 8 ulp

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "core/dtype.h"
 
@@ -57,12 +58,11 @@ class FlushSubnormals {
   bool set_ = false;
 };
 
-// Runs f(begin, end) over [0, n) in parallel chunks of at least `grain` items (kSleepGrain times
-// that when threads_sleep()).
+// Runs f(begin, end) over [0, n) in parallel chunks of at least `grain` items, whatever the
+// wait policy: for items that each carry enough work to pay a sleeping thread's wake-up.
 template <class F>
-void parallel_for(int64_t n, int64_t grain, F&& f) {
+void parallel_split(int64_t n, int64_t grain, F&& f) {
   if (n <= 0) return;
-  if (threads_sleep()) grain *= kSleepGrain;
   int64_t max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   int64_t chunks = std::min<int64_t>(max_threads, (n + grain - 1) / std::max<int64_t>(grain, 1));
   if (chunks <= 1) {
@@ -74,6 +74,13 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
     int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
     f(b, e);
   }
+}
+
+// Runs f(begin, end) over [0, n) in parallel chunks of at least `grain` items (kSleepGrain times
+// that when threads_sleep()).
+template <class F>
+void parallel_for(int64_t n, int64_t grain, F&& f) {
+  parallel_split(n, threads_sleep() ? grain * kSleepGrain : grain, std::forward<F>(f));
 }
 
 // GCC vector types of W f32 lanes (F), with the uint32 (U) and bf16 (H) vectors of the same

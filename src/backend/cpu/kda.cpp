@@ -830,9 +830,23 @@ void check_dtypes(const char* op, const KdaArgs& a) {
                a.g.desc());
 }
 
+// Runs f(begin, end) over the (batch, head) pairs. A pair's sequence of at least one chunk (tens
+// of microseconds of work) pays a sleeping thread's wake-up, so such pairs split over the threads
+// whatever the wait policy. (Through parallel_for, whose passive-wait grain is 16 items, any B H
+// below 32 ran on one thread under OMP_WAIT_POLICY=passive, as scripts/main.sh sets: the training
+// kernels at half their 2-thread speed.)
+template <class F>
+void over_heads(const KdaArgs& a, F&& f) {
+  const int64_t n = a.q.size(0) * a.q.size(2);
+  if (a.q.size(1) >= a.chunk)
+    parallel_split(n, 1, std::forward<F>(f));
+  else
+    parallel_for(n, 1, std::forward<F>(f));
+}
+
 void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
   check_dtypes("kda", a);
-  parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
+  over_heads(a, [&](int64_t begin, int64_t end) {
     FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
     Work w(a, false);
     std::optional<AmxTiles> tiles;
@@ -883,7 +897,7 @@ void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
 void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, const Tensor& dht,
                       KdaGrads& gr) {
   check_dtypes("kda_backward", a);
-  parallel_for(a.q.size(0) * a.q.size(2), 1, [&](int64_t begin, int64_t end) {
+  over_heads(a, [&](int64_t begin, int64_t end) {
     FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
     Work w(a, true);
     const int64_t Cp = w.Cp, Kp = w.Kp, Vp = w.Vp, K = w.K, V = w.V;
