@@ -98,7 +98,8 @@ KdaOutput kda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g
   Tensor packed = Tensor::empty({n_o + n_s}, a, dev);
   Tensor o = packed.view_as_strided({B, T, H, V}, contiguous_strides({B, T, H, V}), 0);
   Tensor ht = packed.view_as_strided({B, H, K, V}, contiguous_strides({B, H, K, V}), n_o);
-  Tensor saved = grad ? Tensor::empty({B, H, NC, K, V}, a, dev) : Tensor();
+  KdaSaved saved;
+  if (grad) saved.states = Tensor::empty({B, H, NC, K, V}, a, dev);
   kda_kernels().get(dev, q.dtype())(args, o, ht, saved);
   if (grad) {
     KdaArgs sv = args;
@@ -288,7 +289,8 @@ void ref_step(const KdaArgs& a, const RefView& r, int64_t b, int64_t t, int64_t 
   }
 }
 
-void kda_ref(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
+void kda_ref(const KdaArgs& a, Tensor& o, Tensor& ht, KdaSaved& kept) {
+  Tensor& saved = kept.states;
   const RefView r = ref_view(a);
   const int64_t KV = r.K * r.V;
   std::vector<double> S(KV), e(r.V);
@@ -312,8 +314,9 @@ void kda_ref(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
 
 // The adjoint of the recurrence, token by token in reverse. Per chunk, the states are recomputed
 // from the saved boundary state.
-void kda_backward_ref(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, const Tensor& dht,
+void kda_backward_ref(const KdaArgs& a, const KdaSaved& kept, const Tensor& d_o, const Tensor& dht,
                       KdaGrads& gr) {
+  const Tensor& saved = kept.states;
   const RefView r = ref_view(a);
   const int64_t K = r.K, V = r.V, KV = K * V;
   std::vector<double> states, dS(KV), Sa(KV), e(V), de(V), dSe(K), qs(K), kk(K), alpha(K);
@@ -388,7 +391,7 @@ void kda_backward_ref(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
 }
 
 void kda_step_ref(const KdaArgs& a, Tensor& o, Tensor& new_state) {
-  Tensor none;
+  KdaSaved none;
   kda_ref(a, o, new_state, none);
 }
 

@@ -56,15 +56,22 @@ struct KdaArgs {
   double scale = 1.0;
   int64_t chunk = 64;
 };
-// o [B, T, H, V] and ht [B, H, K, V] in A; saved [B, H, NC, K, V] in A (NC = ceil(T / chunk)),
-// the state entering each chunk, or undefined when no backward will run.
-using KdaKernel = void (*)(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved);
-// From the saved boundary states, d_o [B, T, H, V] and dht [B, H, K, V] (both A): dq, dk, dv
-// in X and dg, dbeta, dh0 in A, all overwritten.
+// What the forward keeps for the backward. states [B, H, NC, K, V] in A (NC = ceil(T / chunk)):
+// the state entering each chunk, or undefined when no backward will run. u [B, H, T, V] in A:
+// the chunk solve's rows before their β scaling (Ṽ = Diag(β) U, MODEL.md §4.4), which a kernel
+// may keep when states is defined (the CPU kernel does: its backward then neither reads v nor
+// repeats R = V - Kg S and the solve); left undefined by kernels that do not.
+struct KdaSaved {
+  Tensor states, u;
+};
+// o [B, T, H, V] and ht [B, H, K, V] in A, and saved as above.
+using KdaKernel = void (*)(const KdaArgs& a, Tensor& o, Tensor& ht, KdaSaved& saved);
+// From the saved boundary states (and U where kept), d_o [B, T, H, V] and dht [B, H, K, V] (both
+// A): dq, dk, dv in X and dg, dbeta, dh0 in A, all overwritten.
 struct KdaGrads {
   Tensor dq, dk, dv, dg, dbeta, dh0;
 };
-using KdaBackwardKernel = void (*)(const KdaArgs& a, const Tensor& saved, const Tensor& d_o,
+using KdaBackwardKernel = void (*)(const KdaArgs& a, const KdaSaved& saved, const Tensor& d_o,
                                    const Tensor& dht, KdaGrads& grads);
 // One token (T = 1): o [B, 1, H, V] and new_state [B, H, K, V] in A.
 using KdaStepKernel = void (*)(const KdaArgs& a, Tensor& o, Tensor& new_state);

@@ -69,6 +69,7 @@ LayerActivations layer_activations(const ModelConfig& c, int64_t i, int64_t toke
     // Chunk-boundary states [H, d_k, d_v] per 64-token chunk, and the final state.
     const double chunks = std::ceil(static_cast<double>(tokens_per_seq) / 64.0);
     a.f32 += chunks * H * dk * dk / static_cast<double>(tokens_per_seq);
+    a.f32 += P;  // the chunk solve's rows U [H, d_v] (the CPU kernel keeps them; CUDA does not)
     a.f32_per_sequence += H * dk * dk;
   }
 

@@ -8,10 +8,11 @@
 // "pair sums" below), so nothing overflows whatever the gate. With bf16 inputs on an AMX CPU
 // the larger products run on the tile unit instead (bf16 operands, f32 sums; see bmm).
 //
-// Backward, per chunk in reverse, from the saved state S entering it and dS' = dL/d(S after it):
+// Backward, per chunk in reverse, from the saved state S entering it, the forward's solve rows U
+// (Ṽ = Diag(β) U, saved.u) and dS' = dL/d(S after it):
 //   Ṽ = (I + L)^-1 Diag(β) R with R = V - Kg S;  O = Qg S + P Ṽ;  S' = Γ_C S + Kd^T Ṽ
 //   dṼ = P^T dO + Kd dS';  (I + L)^T X = dṼ;  dR = β X;  dL = -X Ṽ^T (strictly lower)
-//   dβ_r = X_r·R_r + Σ_i M_ri dL_ri;  dM = β dL;  dP = dO Ṽ^T (lower)
+//   dβ_r = X_r·U_r (= X_r·R_r + Σ_i M_ri dL_ri);  dM = β dL;  dP = dO Ṽ^T (lower)
 //   dS = Qg^T dO + Γ_C dS' - Kg^T dR
 // and the pairwise terms of M and P (with E_ri = exp(G_r - G_i)) give dK, dQ and dG; dg is the
 // reverse in-chunk cumsum of dG.
@@ -34,6 +35,7 @@ namespace myriad::cpu {
 namespace {
 using ops::KdaArgs;
 using ops::KdaGrads;
+using ops::KdaSaved;
 
 int64_t pad16(int64_t n) {
   return (n + 15) / 16 * 16;
@@ -481,13 +483,14 @@ void decays(int64_t cn, int64_t kp, bool all, const float* Q, const float* Kc, c
 // stays in registers over that substitution. (Row by row over the whole chunk, the 4 vector
 // chains of a row's sum were FMA-latency bound: 6.4% of a forward profile's samples.)
 //
-// Ṽ_r = β_r (R_r - T_r - sum_{r0<=i<r} M_ri Ṽ_i) for r in [r0, r1), with T (rows from r0) the
-// earlier blocks' part: (I + Diag(β) M) Ṽ = Diag(β) R.
+// Ṽ_r = β_r U_r, U_r = R_r - T_r - sum_{r0<=i<r} M_ri Ṽ_i for r in [r0, r1), with T (rows from
+// r0) the earlier blocks' part: (I + Diag(β) M) Ṽ = Diag(β) R. With keep_u, U_r replaces R_r
+// (read only here, before it is written).
 template <int W, int N>
 MYRIAD_CPU_CLONES void solve_lower_cols(int64_t r0, int64_t r1, int64_t cp, int64_t vp, int64_t j0,
                                         const float* __restrict M, const float* __restrict beta,
-                                        const float* __restrict R, const float* __restrict T,
-                                        float* __restrict Vt) {
+                                        float* __restrict R, const float* __restrict T,
+                                        float* __restrict Vt, bool keep_u) {
   using V = typename Lanes<W>::F;
   for (int64_t r = r0; r < r1; ++r) {
     V acc[N], t[N];
@@ -502,6 +505,7 @@ MYRIAD_CPU_CLONES void solve_lower_cols(int64_t r0, int64_t r1, int64_t cp, int6
         acc[v] -= m * x;
       }
     }
+    if (keep_u) std::memcpy(R + r * vp + j0, acc, sizeof acc);
     for (int v = 0; v < N; ++v) acc[v] *= beta[r];
     std::memcpy(Vt + r * vp + j0, acc, sizeof acc);
   }
@@ -532,9 +536,9 @@ MYRIAD_CPU_CLONES void solve_upper_t_cols(int64_t r0, int64_t r1, int64_t cp, in
   }
 }
 
-// Ṽ for rows < cn, with T a [16, vp] scratch block.
-void solve_lower(int64_t cn, int64_t cp, int64_t vp, const float* M, const float* beta,
-                 const float* R, float* T, float* Vt) {
+// Ṽ for rows < cn, with T a [16, vp] scratch block (and U over R's rows with keep_u).
+void solve_lower(int64_t cn, int64_t cp, int64_t vp, const float* M, const float* beta, float* R,
+                 float* T, float* Vt, bool keep_u) {
   for (int64_t r0 = 0; r0 < cn; r0 += kBlk) {
     const int64_t r1 = std::min(cn, r0 + kBlk);
     if (r0 > 0)
@@ -545,8 +549,9 @@ void solve_lower(int64_t cn, int64_t cp, int64_t vp, const float* M, const float
       constexpr int W = decltype(w)::value;
       int64_t j0 = 0;
       for (; j0 + 64 <= vp; j0 += 64)
-        solve_lower_cols<W, 64 / W>(r0, r1, cp, vp, j0, M, beta, R, T, Vt);
-      for (; j0 < vp; j0 += 16) solve_lower_cols<W, 16 / W>(r0, r1, cp, vp, j0, M, beta, R, T, Vt);
+        solve_lower_cols<W, 64 / W>(r0, r1, cp, vp, j0, M, beta, R, T, Vt, keep_u);
+      for (; j0 < vp; j0 += 16)
+        solve_lower_cols<W, 16 / W>(r0, r1, cp, vp, j0, M, beta, R, T, Vt, keep_u);
     });
   }
 }
@@ -597,15 +602,16 @@ MYRIAD_CPU_CLONES void finish_dg(int64_t cn, int64_t k, int64_t kp, int64_t vp,
     for (int64_t d = 0; d < kp; ++d) dG[r * kp + d] += dG[(r + 1) * kp + d];
 }
 
-// For r < cn: dβ_r = X_r·R_r - sum_{i<r} M_ri XV_ri and dM_ri = -β_r XV_ri (dM is zero
-// elsewhere).
+// For r < cn: dβ_r = X_r·U_r = X_r·R_r - sum_{i<r} M_ri XV_ri (the first form when R holds U,
+// the second when it holds R) and dM_ri = -β_r XV_ri (dM is zero elsewhere).
 MYRIAD_CPU_CLONES void beta_grads(int64_t cn, int64_t cp, int64_t vp, const float* __restrict beta,
-                                  const float* __restrict X, const float* __restrict R,
+                                  const float* __restrict X, const float* __restrict R, bool is_u,
                                   const float* __restrict M, const float* __restrict XV,
                                   float* __restrict dM, float* __restrict dbeta) {
   for (int64_t i = 0; i < cp * cp; ++i) dM[i] = 0.0f;
   for (int64_t r = 0; r < cn; ++r) {
-    dbeta[r] = row_dot(X + r * vp, R + r * vp, vp) - row_dot(M + r * cp, XV + r * cp, r);
+    dbeta[r] = row_dot(X + r * vp, R + r * vp, vp);
+    if (!is_u) dbeta[r] -= row_dot(M + r * cp, XV + r * cp, r);
     for (int64_t i = 0; i < r; ++i) dM[r * cp + i] = -beta[r] * XV[r * cp + i];
   }
 }
@@ -647,6 +653,7 @@ struct Work {
   // For the backward: keeps the left factors of every block pair, and writes the buffers only
   // the backward reads (Gam and Ed of every row, EL, ER, ED).
   bool backward;
+  bool keep_u = false;  // the forward leaves U in R (for saved.u)
   // [Cp, Vp]
   Buf Vv, R, Vt, O;
   Buf Tb;  // [16, Vp]: the solve's block of products
@@ -736,11 +743,16 @@ struct Work {
   bool shifts(int64_t r0) const { return factor && mid[r0 / kBlk] >= 0; }
   bool direct(int64_t r0, int64_t i0) const { return !factor || (i0 == r0 && mid[r0 / kBlk] < 0); }
 
-  // Loads chunk [t0, t0 + cn) of (b, h) and computes everything up to Ṽ from the state S.
+  int64_t row_u(int64_t b, int64_t h, int64_t t) const { return ((b * H + h) * T + t) * V; }
+
+  // Loads chunk [t0, t0 + cn) of (b, h) and computes everything up to Ṽ from the state S. With
+  // keep_u (the forward, for a backward) U is left in R's rows; given the forward's U rows (u,
+  // the backward), Ṽ = Diag(β) U from them, and R, the solve and v are skipped (R holds U).
   // A chunk of Cp rows rewrites every element these buffers use (the padding columns of the
   // loaded inputs are never written and stay zero, so the buffers derived from them get the same
   // padding every chunk); a shorter one must first clear the rows a full one left.
-  void chunk(const KdaArgs& a, int64_t b, int64_t h, int64_t t0, int64_t cn) {
+  void chunk(const KdaArgs& a, int64_t b, int64_t h, int64_t t0, int64_t cn,
+             const Tensor* u = nullptr) {
     if (cn < Cp) {
       for (auto* v : {&Q, &Kc, &G, &Gl, &Gam, &Ed, &Qg, &Kg, &Kd, &ER, &KR, &ED, &KD, &KRT, &KDT,
                       &Vv, &M, &P})
@@ -749,7 +761,10 @@ struct Work {
     }
     load(a.q, row_qk(b, t0, h), H * K, cn, K, scale, Q.data(), Kp);
     load(a.k, row_qk(b, t0, h), H * K, cn, K, 1.0f, Kc.data(), Kp);
-    load(a.v, row_v(b, t0, h), H * V, cn, V, 1.0f, Vv.data(), Vp);
+    if (u)
+      load(*u, row_u(b, h, t0), V, cn, V, 1.0f, R.data(), Vp);
+    else
+      load(a.v, row_v(b, t0, h), H * V, cn, V, 1.0f, Vv.data(), Vp);
     for (int64_t r = 0; r < cn; ++r) beta[r] = a.beta.data<float>()[(b * T + t0 + r) * H + h];
     factor =
         load_gates(a.g.data<float>() + row_qk(b, t0, h), H * K, cn, K, Kp, G.data(), Gl.data());
@@ -811,6 +826,11 @@ struct Work {
             }
       }
     }
+    if (cn < Cp) std::fill(Vt.begin(), Vt.end(), 0.0f);
+    if (u) {  // (the same products as the solve's last step)
+      scale_rows(cn, Vp, beta.data(), R.data(), Vt.data(), false);
+      return;
+    }
     // R = V - Kg S; Ṽ_r = β_r (R_r - sum_{i<r} M_ri Ṽ_i).
     if (lowp) {  // (the forward's O = Qg S reuses S's pairs)
       pack_b(S.data(), Vp, K, Vp, LS.data());
@@ -819,8 +839,7 @@ struct Work {
       mm(Cp, Vp, K, Kg.data(), Kp, 1, S.data(), Vp, R.data(), Vp, false);
     }
     rsub(Cp * Vp, Vv.data(), R.data());
-    if (cn < Cp) std::fill(Vt.begin(), Vt.end(), 0.0f);
-    solve_lower(cn, Cp, Vp, M.data(), beta.data(), R.data(), Tb.data(), Vt.data());
+    solve_lower(cn, Cp, Vp, M.data(), beta.data(), R.data(), Tb.data(), Vt.data(), keep_u);
   }
 };
 
@@ -844,11 +863,15 @@ void over_heads(const KdaArgs& a, F&& f) {
     parallel_for(n, 1, std::forward<F>(f));
 }
 
-void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
+void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, KdaSaved& kept) {
   check_dtypes("kda", a);
+  Tensor& saved = kept.states;
+  if (saved.defined())
+    kept.u = Tensor::empty({a.q.size(0), a.q.size(2), a.q.size(1), a.v.size(3)}, a.g.dtype());
   over_heads(a, [&](int64_t begin, int64_t end) {
     FlushSubnormals flush;  // decayed states and gates reach them (cpu.h)
     Work w(a, false);
+    w.keep_u = kept.u.defined();
     std::optional<AmxTiles> tiles;
     if (w.lowp) tiles.emplace();
     for (int64_t bh = begin; bh < end; ++bh) {
@@ -862,9 +885,13 @@ void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
         if (c + 1 < w.NC) {
           const int64_t n1 = std::min(w.C, w.T - t0 - w.C);
           prefetch_rows(o, w.row_v(b, t0 + w.C, h), w.H * w.V, n1, w.V);
-          if (saved.defined()) prefetch_rows(saved, w.saved(b, h, c + 1), w.V, w.K, w.V);
+          if (saved.defined()) {
+            prefetch_rows(saved, w.saved(b, h, c + 1), w.V, w.K, w.V);
+            if (w.keep_u) prefetch_rows(kept.u, w.row_u(b, h, t0 + w.C), w.V, n1, w.V);
+          }
         }
         w.chunk(a, b, h, t0, cn);
+        if (w.keep_u) store(w.R.data(), w.Vp, cn, w.V, 1.0f, kept.u, w.row_u(b, h, t0), w.V);
         // O = Qg S + P Ṽ
         const int64_t Cp = w.Cp, Kp = w.Kp, Vp = w.Vp;
         if (w.lowp) {  // P and Ṽ whole: their rows >= cn are zero
@@ -894,7 +921,7 @@ void kda_cpu(const KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
   });
 }
 
-void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, const Tensor& dht,
+void kda_backward_cpu(const KdaArgs& a, const KdaSaved& kept, const Tensor& d_o, const Tensor& dht,
                       KdaGrads& gr) {
   check_dtypes("kda_backward", a);
   over_heads(a, [&](int64_t begin, int64_t end) {
@@ -924,7 +951,7 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
       for (int64_t c = w.NC - 1; c >= 0; --c) {
         const int64_t t0 = c * w.C, cn = std::min(w.C, w.T - t0);
         std::fill(w.S.begin(), w.S.end(), 0.0f);
-        w.load_state(saved, w.saved(b, h, c));
+        w.load_state(kept.states, w.saved(b, h, c));
         if (c > 0) {  // the next chunk's gradient rows, while this one computes
           const int64_t p0 = t0 - w.C;
           prefetch_rows(gr.dq, w.row_qk(b, p0, h), w.H * K, w.C, K);
@@ -932,7 +959,7 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
           prefetch_rows(gr.dg, w.row_qk(b, p0, h), w.H * K, w.C, K);
           prefetch_rows(gr.dv, w.row_v(b, p0, h), w.H * V, w.C, V);
         }
-        w.chunk(a, b, h, t0, cn);
+        w.chunk(a, b, h, t0, cn, kept.u.defined() ? &kept.u : nullptr);
         std::fill(dO.begin(), dO.end(), 0.0f);
         load(d_o, w.row_v(b, t0, h), w.H * V, cn, V, 1.0f, dO.data(), Vp);
         // dṼ = P^T dO + Kd dS'
@@ -982,8 +1009,8 @@ void kda_backward_cpu(const KdaArgs& a, const Tensor& saved, const Tensor& d_o, 
         }
         for (int64_t r = 0; r < Cp; ++r)
           for (int64_t i = r + 1; i < Cp; ++i) dP[r * Cp + i] = 0.0f;
-        beta_grads(cn, Cp, Vp, w.beta.data(), X.data(), w.R.data(), w.M.data(), XV.data(),
-                   dM.data(), dbeta.data());
+        beta_grads(cn, Cp, Vp, w.beta.data(), X.data(), w.R.data(), kept.u.defined(), w.M.data(),
+                   XV.data(), dM.data(), dbeta.data());
         std::fill(Ga.begin(), Ga.end(), 0.0f);
         std::fill(Gb.begin(), Gb.end(), 0.0f);
         std::fill(Gc.begin(), Gc.end(), 0.0f);

@@ -434,7 +434,8 @@ void run_forward(const char* name, int dev, const Seq<X>& s, int64_t bh0, int64_
   });
 }
 
-void kda_cuda(const ops::KdaArgs& a, Tensor& o, Tensor& ht, Tensor& saved) {
+void kda_cuda(const ops::KdaArgs& a, Tensor& o, Tensor& ht, ops::KdaSaved& kept) {
+  Tensor& saved = kept.states;  // (U is not kept: the backward repeats the solve)
   const char* name = "kda";
   dispatch_float(name, a.q.dtype(), [&](auto tag) {
     using X = decltype(tag);
@@ -555,10 +556,10 @@ void backward_impl(const char* name, const ops::KdaArgs& a, const Tensor& saved,
   }
 }
 
-void kda_backward_cuda(const ops::KdaArgs& a, const Tensor& saved, const Tensor& d_o,
+void kda_backward_cuda(const ops::KdaArgs& a, const ops::KdaSaved& saved, const Tensor& d_o,
                        const Tensor& dht, ops::KdaGrads& gr) {
   dispatch_float("kda_backward", a.q.dtype(), [&](auto tag) {
-    backward_impl<decltype(tag)>("kda_backward", a, saved, d_o, dht, gr, kScratchBytes);
+    backward_impl<decltype(tag)>("kda_backward", a, saved.states, d_o, dht, gr, kScratchBytes);
   });
 }
 
