@@ -305,6 +305,41 @@ TEST_P(Kda, EmptySequenceKeepsTheState) {
   for (double v : in.h0.grad().to_doubles()) EXPECT_EQ(v, 1.0);
 }
 
+// The CPU kernel's backward takes the solve rows U its forward keeps (ops::KdaSaved::u); after a
+// forward that kept only the states (the reference kernel, in a ReferenceMode scope around the
+// forward alone) it repeats R = V - Kg S and the solve, and takes dβ from R. Both ways must give
+// the same gradients, up to the rounding of the saved states.
+TEST(KdaSavedRows, BackwardWithoutThemRepeatsTheSolve) {
+  uint64_t seed = 900;
+  for (Gate gate : kGates) {
+    const Inputs in = make_inputs(2, 70, 2, 16, 16, seed += 10, gate);
+    std::vector<std::vector<double>> grads[2];
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      std::vector<Tensor> xs = in.list();
+      for (Tensor& x : xs) x = x.clone().requires_grad_();
+      ops::KdaOutput r;
+      {
+        std::optional<ops::ReferenceMode> ref;
+        if (repeat) ref.emplace();
+        r = ops::kda(xs[0], xs[1], xs[2], xs[3], xs[4], xs[5], -1, 16);
+      }
+      ops::sum(ops::mul(r.o, randn(r.o.shape(), seed + 1))).backward();
+      for (const Tensor& x : xs) {
+        ASSERT_TRUE(x.grad().defined());
+        grads[repeat].push_back(x.grad().to_doubles());
+      }
+    }
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      double scale = 0, err = 0;
+      for (size_t j = 0; j < grads[0][i].size(); ++j) {
+        scale = std::max(scale, std::abs(grads[0][i][j]));
+        err = std::max(err, std::abs(grads[1][i][j] - grads[0][i][j]));
+      }
+      EXPECT_LE(err, 1e-5 * scale) << "grad of input " << i << ", gate " << static_cast<int>(gate);
+    }
+  }
+}
+
 TEST(KdaGrad, Gradcheck) {
   struct Case {
     int64_t B, T, K, V;
