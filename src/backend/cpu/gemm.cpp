@@ -562,88 +562,97 @@ __attribute__((target("avx512f"))) void dots_codes_avx512(const float* const* x,
   sum_lanes_avx512<J, R>(acc, out);
 }
 
-// dots<uint16_t, J, R, W> for bf16 rows of B, each vector widened by one load-and-zero-extend
-// and one shift (vpmovzxwd, vpslld). GCC 12 compiled the vector-extension widening as a load, an
-// extract, a second load and an insert per 16 elements: four shuffles per row of B, which bounded
-// batch-1 decode with bf16 weights by the shuffle port, at half the tokens/s of f32 weights. The
-// same lanes, products and fused multiply-adds as the generic kernel (its zero-padded tail too),
-// so the same bits.
-__attribute__((target("avx512f"), always_inline)) inline __m512 bf16_widen_avx512(
-    const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-__attribute__((target("avx2,fma"), always_inline)) inline __m256 bf16_widen_avx2(
-    const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-// The last n < 16 elements of the rows of A and B, zero-padded to 16 (as load_tail).
+// The bf16 kernels the cloned builds run (AVX2 and AVX-512). B's rows are read as 32-bit words,
+// each a pair of bf16 elements: the pair's high element is the word with its low half cleared,
+// its low element the word shifted left by 16, so one and or one shift per 16 weights and no
+// shuffle. (Widening 16 elements at a time to the i mod 16 lanes took a load-and-zero-extend, a
+// shuffle-port instruction, and a shift, and as GCC 12 compiles vector extensions four shuffles:
+// the shuffle port bounded batch-1 bf16 decode.) So lane l of the 16 sums elements 2l + 1 and then
+// 2l of each block of 32 (VDPBF16PS's order), and the rows of A come in the matching layout: each
+// block of 32 as its 16 odd elements, then its 16 even ones, zero-padded to a multiple of 32
+// (few_rows writes them so when bf16_pairs()). Both widths add the same products in the same
+// order, so the same bits; the generic kernel (sanitizer builds, CPUs without AVX2) keeps the
+// i mod 16 lanes.
 template <int J, int R>
-struct Bf16Tail {
-  uint16_t w[J][kLanes] = {};
-  float x[R][kLanes] = {};
-  const float* xs[R] = {};
-  Bf16Tail(const float* const* x0, const uint16_t* const* w0, int64_t i, int64_t n) {
-    for (int jj = 0; jj < J; ++jj)
-      std::memcpy(w[jj], w0[jj] + i, static_cast<size_t>(n) * sizeof(uint16_t));
-    for (int r = 0; r < R; ++r) {
-      std::memcpy(x[r], x0[r] + i, static_cast<size_t>(n) * sizeof(float));
-      xs[r] = x[r];
-    }
-  }
-};
-template <int J, int R>
-__attribute__((target("avx512f"))) void dots_bf16_avx512(const float* const* x,
-                                                         const uint16_t* const* w,
-                                                         const float* const*, int64_t k,
-                                                         float* out) {
+__attribute__((target("avx512f"))) void dots_bf16_pairs_avx512(const float* const* x,
+                                                               const uint16_t* const* w,
+                                                               const float* const*, int64_t k,
+                                                               float* out) {
   __m512 acc[J][R];
   zero_acc_avx512<J, R>(acc);
-  __m512 wv[J];
-  int64_t i = 0;
-  for (; i + kLanes <= k; i += kLanes) {
-    if (i % 32 == 0)  // a cache line of B's row, prefetched kAhead bytes ahead as the f32 rows'
+  const __m512i hi = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int64_t i = 0; i < k; i += 32) {
+    __m512 wo[J], we[J];
+    if (i + 32 <= k) {
 #pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + kAhead / 2, 0, 3);
+      for (int jj = 0; jj < J; ++jj) {
+        __builtin_prefetch(w[jj] + i + kAhead / 2, 0, 3);
+        const __m512i v = _mm512_loadu_si512(w[jj] + i);
+        wo[jj] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+        we[jj] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      }
+    } else {  // the last k - i < 32 elements, zero-padded
+      for (int jj = 0; jj < J; ++jj) {
+        uint16_t t[32] = {};
+        std::memcpy(t, w[jj] + i, static_cast<size_t>(k - i) * sizeof(uint16_t));
+        const __m512i v = _mm512_loadu_si512(t);
+        wo[jj] = _mm512_castsi512_ps(_mm512_and_si512(v, hi));
+        we[jj] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      }
+    }
 #pragma GCC unroll 4
-    for (int jj = 0; jj < J; ++jj) wv[jj] = bf16_widen_avx512(w[jj] + i);
-    fma_rows_avx512<J, R>(acc, x, i, wv);
-  }
-  if (i < k) {
-    const Bf16Tail<J, R> t(x, w, i, k - i);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xo = _mm512_loadu_ps(x[r] + i), xe = _mm512_loadu_ps(x[r] + i + 16);
 #pragma GCC unroll 4
-    for (int jj = 0; jj < J; ++jj) wv[jj] = bf16_widen_avx512(t.w[jj]);
-    fma_rows_avx512<J, R>(acc, t.xs, 0, wv);
+      for (int jj = 0; jj < J; ++jj) {
+        acc[jj][r] = _mm512_fmadd_ps(xo, wo[jj], acc[jj][r]);
+        acc[jj][r] = _mm512_fmadd_ps(xe, we[jj], acc[jj][r]);
+      }
+    }
   }
   sum_lanes_avx512<J, R>(acc, out);
 }
+// Half q of the 16 lanes: lane l' sums elements 16q + 2l' + 1, then 16q + 2l'.
 template <int J, int R>
-__attribute__((target("avx2,fma"))) void dots_bf16_avx2(const float* const* x,
-                                                        const uint16_t* const* w,
-                                                        const float* const*, int64_t k,
-                                                        float* out) {
+__attribute__((target("avx2,fma"))) void dots_bf16_pairs_avx2(const float* const* x,
+                                                              const uint16_t* const* w,
+                                                              const float* const*, int64_t k,
+                                                              float* out) {
   __m256 acc[J][R][2];
   zero_acc_avx2<J, R>(acc);
-  __m256 wv[J][2];
-  int64_t i = 0;
-  for (; i + kLanes <= k; i += kLanes) {
-    if (i % 32 == 0)
+  const __m256i hi = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int64_t i = 0; i < k; i += 32) {
+    __m256 wo[J][2], we[J][2];
 #pragma GCC unroll 4
-      for (int jj = 0; jj < J; ++jj) __builtin_prefetch(w[jj] + i + kAhead / 2, 0, 3);
-#pragma GCC unroll 4
-    for (int jj = 0; jj < J; ++jj)
+    for (int jj = 0; jj < J; ++jj) {
+      uint16_t t[32];
+      const uint16_t* p = w[jj] + i;
+      if (i + 32 <= k) {
+        __builtin_prefetch(w[jj] + i + kAhead / 2, 0, 3);
+      } else {  // the last k - i < 32 elements, zero-padded
+        std::fill(t, t + 32, uint16_t{0});
+        std::memcpy(t, p, static_cast<size_t>(k - i) * sizeof(uint16_t));
+        p = t;
+      }
 #pragma GCC unroll 2
-      for (int q = 0; q < 2; ++q) wv[jj][q] = bf16_widen_avx2(w[jj] + i + 8 * q);
-    fma_rows_avx2<J, R>(acc, x, i, wv);
-  }
-  if (i < k) {
-    const Bf16Tail<J, R> t(x, w, i, k - i);
+      for (int q = 0; q < 2; ++q) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * q));
+        wo[jj][q] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+        we[jj][q] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+      }
+    }
 #pragma GCC unroll 4
-    for (int jj = 0; jj < J; ++jj)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 2
-      for (int q = 0; q < 2; ++q) wv[jj][q] = bf16_widen_avx2(t.w[jj] + 8 * q);
-    fma_rows_avx2<J, R>(acc, t.xs, 0, wv);
+      for (int q = 0; q < 2; ++q) {
+        const __m256 xo = _mm256_loadu_ps(x[r] + i + 8 * q);
+        const __m256 xe = _mm256_loadu_ps(x[r] + i + 16 + 8 * q);
+#pragma GCC unroll 4
+        for (int jj = 0; jj < J; ++jj) {
+          acc[jj][r][q] = _mm256_fmadd_ps(xo, wo[jj][q], acc[jj][r][q]);
+          acc[jj][r][q] = _mm256_fmadd_ps(xe, we[jj][q], acc[jj][r][q]);
+        }
+      }
   }
   sum_lanes_avx2<J, R>(acc, out);
 }
@@ -849,10 +858,22 @@ MYRIAD_DOTS_TABLE(nibbles_table_avx2, dots_nibbles_avx2)
 MYRIAD_DOTS_TABLE(nibbles_table_avx512, dots_nibbles_avx512)
 MYRIAD_DOTS_TABLE(q8_table_avx2, dots_q8_avx2)
 MYRIAD_DOTS_TABLE(q8_table_avx512, dots_q8_avx512)
-MYRIAD_DOTS_TABLE(bf16_table_avx2, dots_bf16_avx2)
-MYRIAD_DOTS_TABLE(bf16_table_avx512, dots_bf16_avx512)
+MYRIAD_DOTS_TABLE(bf16_pairs_table_avx512, dots_bf16_pairs_avx512)
+MYRIAD_DOTS_TABLE(bf16_pairs_table_avx2, dots_bf16_pairs_avx2)
 #undef MYRIAD_DOTS_TABLE
 #endif
+
+// Whether bf16 rows of B run the pair kernels (dots_bf16_pairs_*), whose rows of A come in their
+// pair layout: where the CPU has the instructions of the width wide_vectors() picks.
+bool bf16_pairs() {
+#if defined(MYRIAD_CODE_INTRINSICS)
+  static const bool has512 = __builtin_cpu_supports("avx512f");
+  static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return wide_vectors() ? has512 : has2;
+#else
+  return false;
+#endif
+}
 
 // The dots for T at the width wide_vectors() picks; bf16, int8 and int4 take the instructions above
 // where the CPU has them (a forced width the CPU lacks runs the generic code).
@@ -863,12 +884,10 @@ const auto& dots_for() {
 #if defined(MYRIAD_CODE_INTRINSICS)
   if constexpr (std::is_same_v<T, uint16_t>) {
     constexpr auto seq = std::make_index_sequence<kTile * kTile>{};
-    static constexpr auto v4 = bf16_table_avx512(seq);
-    static constexpr auto v3 = bf16_table_avx2(seq);
-    static const bool has512 = __builtin_cpu_supports("avx512f");
-    static const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    if (wide_vectors()) return has512 ? v4 : wide;
-    return has2 ? v3 : narrow;
+    static constexpr auto v4 = bf16_pairs_table_avx512(seq);
+    static constexpr auto v3 = bf16_pairs_table_avx2(seq);
+    if (bf16_pairs()) return wide_vectors() ? v4 : v3;
+    return wide_vectors() ? wide : narrow;
   }
   if constexpr (kCodes<T>) {
     constexpr auto seq = std::make_index_sequence<kTile * kTile>{};
@@ -965,6 +984,10 @@ void few_rows(const std::vector<GemmArgs>& gs) {
   std::vector<int64_t> first(gs.size() + 1, 0);  // first work item of each product
   std::vector<float> widened;
   std::vector<int64_t> widened_at(gs.size(), 0);
+  // bf16 rows of A widened to f32 (k a row), or for the pair kernels in their layout (k rounded
+  // up to 32).
+  const bool pairs = widen && bf16_pairs();
+  const auto widened_k = [&](int64_t k) { return pairs ? (k + 31) / 32 * 32 : k; };
   std::vector<QRows> quantized;
   std::vector<size_t> quantized_at(gs.size(), 0);
   for (size_t p = 0; p < gs.size(); ++p) {
@@ -989,7 +1012,7 @@ void few_rows(const std::vector<GemmArgs>& gs) {
     } else {
       widened_at[p] = static_cast<int64_t>(widened.size());
       const int64_t batches = g.stride_a == 0 ? 1 : g.batch;
-      widened.resize(widened.size() + static_cast<size_t>(batches * g.m * g.k));
+      widened.resize(widened.size() + static_cast<size_t>(batches * g.m * widened_k(g.k)));
     }
   }
   if constexpr (widen) {
@@ -997,13 +1020,21 @@ void few_rows(const std::vector<GemmArgs>& gs) {
       const GemmArgs& g = gs[p];
       const int64_t batches = g.stride_a == 0 ? 1 : g.batch;
       float* w = widened.data() + widened_at[p];
+      const int64_t kw = widened_k(g.k);
       for (int64_t bi = 0; bi < batches; ++bi)
         for (int64_t r = 0; r < g.m; ++r) {
           const T* src = static_cast<const T*>(g.a) + bi * g.stride_a + r * g.lda;
-          float* dst = w + (bi * g.m + r) * g.k;
-          for (int64_t i = 0; i < g.k; ++i) dst[i] = bf16_load(src[i]);
+          float* dst = w + (bi * g.m + r) * kw;
+          if (!pairs) {
+            for (int64_t i = 0; i < g.k; ++i) dst[i] = bf16_load(src[i]);
+            continue;
+          }
+          for (int64_t i = 0; i < kw; ++i) {  // block b: elements 32b + 2l + 1, then 32b + 2l
+            const int64_t b = i / 32 * 32, l = i % 16, e = b + 2 * l + (i % 32 < 16 ? 1 : 0);
+            dst[i] = e < g.k ? bf16_load(src[e]) : 0.0f;
+          }
         }
-      jobs[p].x = w, jobs[p].ldx = g.k, jobs[p].stride_x = g.stride_a == 0 ? 0 : g.m * g.k;
+      jobs[p].x = w, jobs[p].ldx = kw, jobs[p].stride_x = g.stride_a == 0 ? 0 : g.m * kw;
     }
   }
   parallel_for(first.back(), 1, [&](int64_t w0, int64_t w1) {
