@@ -1029,10 +1029,12 @@ void few_rows(const std::vector<GemmArgs>& gs) {
             for (int64_t i = 0; i < g.k; ++i) dst[i] = bf16_load(src[i]);
             continue;
           }
-          for (int64_t i = 0; i < kw; ++i) {  // block b: elements 32b + 2l + 1, then 32b + 2l
-            const int64_t b = i / 32 * 32, l = i % 16, e = b + 2 * l + (i % 32 < 16 ? 1 : 0);
-            dst[i] = e < g.k ? bf16_load(src[e]) : 0.0f;
-          }
+          const auto at = [&](int64_t e) { return e < g.k ? bf16_load(src[e]) : 0.0f; };
+          for (int64_t b = 0; b < kw; b += 32)  // a block's odd elements, then its even ones
+            for (int64_t l = 0; l < 16; ++l) {
+              dst[b + l] = at(b + 2 * l + 1);
+              dst[b + 16 + l] = at(b + 2 * l);
+            }
         }
       jobs[p].x = w, jobs[p].ldx = kw, jobs[p].stride_x = g.stride_a == 0 ? 0 : g.m * kw;
     }
